@@ -1,0 +1,48 @@
+"""Pure-torch algorithm core: advantages, masks, policy/SFT/KL losses, aggregation.
+
+Imports neither lightning, transformers nor vllm (tested), so the math can be read, tested and
+reused on its own, the way verl's core_algos is.
+"""
+
+from r3lightning.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    group_mean_std,
+    positive_amplification,
+    zero_variance_group_rate,
+)
+from r3lightning.algos.kl import full_kl, kl_estimate
+from r3lightning.algos.logprobs import entropy_from_logits, selective_log_softmax, shift_logits_and_labels
+from r3lightning.algos.losses import (
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    aggregate,
+    masked_mean,
+    policy_loss,
+    sft_nll,
+    shaped_off_policy_loss,
+)
+from r3lightning.algos.masks import pivotal_mask
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "PolicyLossOutput",
+    "aggregate",
+    "compute_advantages",
+    "entropy_from_logits",
+    "full_kl",
+    "group_mean_std",
+    "kl_estimate",
+    "masked_mean",
+    "pivotal_mask",
+    "policy_loss",
+    "positive_amplification",
+    "selective_log_softmax",
+    "sft_nll",
+    "shaped_off_policy_loss",
+    "shift_logits_and_labels",
+    "zero_variance_group_rate",
+]

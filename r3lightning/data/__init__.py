@@ -1,0 +1,1 @@
+"""Data layer: task streams, rollouts made from them, collation to ExperienceBatch."""

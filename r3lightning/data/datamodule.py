@@ -1,0 +1,290 @@
+"""The LightningDataModule: a stream of task batches, and the rollouts made from them.
+
+Lightning prefetches one batch from iterable datasets. Rollouts made in the dataset would therefore
+be generated with weights one update old. Here the dataset yields only *tasks* (a pure function of
+their index, so prefetching is harmless) and the module calls ``explore`` inside ``training_step``:
+rollout *k* always uses the weights after update *k-1*. The cursor counts *consumed* batches, so a
+checkpoint taken mid-run resumes at exactly the next unseen batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from r3lightning.envs.base import Task, TaskSuite
+from r3lightning.rollout.agent_loop import INVALID_FORMAT_FEEDBACK, AgentLoop, AgentLoopConfig, EpisodeRequest
+from r3lightning.rollout.chat import ChatFormatter
+from r3lightning.rollout.engine import RolloutEngine, SamplingParams
+from r3lightning.rollout.explorers import Exploration, Explorer, SampleExplorer
+from r3lightning.types import Trajectory, Turn
+
+
+@dataclass
+class TaskBatch:
+    """The tasks of one training step on this rank. step: the global batch index (cursor)."""
+
+    step: int
+    tasks: list[Task]
+
+
+def _identity(batch):
+    return batch
+
+
+class TaskStream(IterableDataset):
+    """Endless stream of TaskBatch for one rank, starting at ``start_step``.
+
+    Step ``s`` on rank ``r`` of ``W`` takes task indices ``(s*W + r)*n ... (s*W + r)*n + n-1``: ranks
+    never share a task and the stream is independent of how many batches were prefetched.
+    """
+
+    def __init__(self, suite: TaskSuite, tasks_per_step: int, start_step: int, rank: int, world_size: int) -> None:
+        self.suite, self.tasks_per_step = suite, tasks_per_step
+        self.start_step, self.rank, self.world_size = start_step, rank, world_size
+
+    def __iter__(self) -> Iterator[TaskBatch]:
+        step = self.start_step
+        while True:
+            first = (step * self.world_size + self.rank) * self.tasks_per_step
+            yield TaskBatch(step, [self.suite.train_task(first + j) for j in range(self.tasks_per_step)])
+            step += 1
+
+
+@dataclass
+class DemoConfig:
+    """SFT warm-start data.
+
+    Args:
+        source: ``suite`` (the environment's scripted expert, ``TaskSuite.demonstration``) or the path of
+            a JSONL file whose rows hold ``messages``: a chat conversation (system/user/assistant).
+    """
+
+    source: str = "suite"
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Streams tasks and turns them into experience with the current policy.
+
+    Args:
+        suite: tasks and their environment (``class_path`` of a TaskSuite, e.g.
+            ``r3lightning.envs.math_env.MathSuite``).
+        explorer: how groups are explored (``SampleExplorer`` for GRPO-family methods,
+            ``ReflectRetryExplorer`` for R³L, ...).
+        group_size: rollout budget per task (N in the papers).
+        tasks_per_step: tasks per optimizer step on each rank.
+        sampling: sampling parameters for training rollouts.
+        val_sampling: sampling parameters for sampled validation (greedy validation uses temperature 0).
+        agent: how episodes are played (action format, context limit, step timeout...).
+        demos: where SFT warm-start demonstrations come from.
+        val_tasks_per_batch: validation tasks per batch.
+        seed: base seed of rollout sampling; step ``s`` on rank ``r`` samples with a seed derived from
+            (seed, s, r), so resumed and multi-rank runs sample reproducibly.
+    """
+
+    def __init__(
+        self,
+        suite: TaskSuite,
+        explorer: Optional[Explorer] = None,
+        group_size: int = 8,
+        tasks_per_step: int = 4,
+        sampling: SamplingParams = SamplingParams(),
+        val_sampling: SamplingParams = SamplingParams(temperature=1.0),
+        agent: AgentLoopConfig = AgentLoopConfig(),
+        demos: DemoConfig = DemoConfig(),
+        val_tasks_per_batch: int = 32,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if group_size < 1 or tasks_per_step < 1:
+            raise ValueError(f"data: group_size ({group_size}) and tasks_per_step ({tasks_per_step}) must be >= 1")
+        self.suite = suite
+        self.explorer = explorer if explorer is not None else SampleExplorer()
+        self.group_size = group_size
+        self.tasks_per_step = tasks_per_step
+        # Copies: dataclass defaults in a signature are shared between instances.
+        self.sampling = dataclasses.replace(sampling)
+        self.val_sampling = dataclasses.replace(val_sampling)
+        self.agent = dataclasses.replace(agent)
+        self.demos = dataclasses.replace(demos)
+        self.val_tasks_per_batch = val_tasks_per_batch
+        self.seed = seed
+        self.cursor = 0
+        self._demo_rows: Optional[list[list[dict]]] = None
+
+    # ---- task streams -------------------------------------------------------------------------
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        stream = TaskStream(self.suite, self.tasks_per_step, self.cursor, rank, world)
+        return DataLoader(stream, batch_size=None, collate_fn=_identity, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        tasks = self.suite.val_tasks()[rank::world]
+        if not tasks:
+            raise ValueError("data.suite produced no validation tasks for this rank; raise num_val_tasks")
+        n = self.val_tasks_per_batch
+        batches = [TaskBatch(-1, tasks[i : i + n]) for i in range(0, len(tasks), n)]
+        return DataLoader(batches, batch_size=None, collate_fn=_identity, num_workers=0)
+
+    def mark_consumed(self, batch: TaskBatch) -> None:
+        """Called by the module once a training batch has been used (the checkpointed cursor)."""
+        self.cursor = batch.step + 1
+
+    def state_dict(self) -> dict:
+        state = {"cursor": self.cursor}
+        if hasattr(self.explorer, "state_dict"):
+            state["explorer"] = self.explorer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = int(state["cursor"])
+        if "explorer" in state and hasattr(self.explorer, "load_state_dict"):
+            self.explorer.load_state_dict(state["explorer"])
+
+    # ---- experience ---------------------------------------------------------------------------
+    def make_loop(self, engine: RolloutEngine, tokenizer) -> AgentLoop:
+        return AgentLoop(self.suite, engine, tokenizer, self.agent)
+
+    def rollout_seed(self, step: int) -> int:
+        rank, _ = self._rank_world()
+        return (self.seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**31 - 1)
+
+    def explore(self, batch: TaskBatch, engine: RolloutEngine, tokenizer) -> Exploration:
+        """Roll out ``batch`` with the engine's current weights (called inside training_step)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.rollout_seed(batch.step))
+            return self.explorer.explore(batch.tasks, self.make_loop(engine, tokenizer), self.group_size, self.sampling)
+
+    def evaluate(self, tasks: list[Task], engine: RolloutEngine, tokenizer, greedy: bool) -> list[Trajectory]:
+        """One episode per task for validation, greedy or sampled."""
+        params = SamplingParams(
+            temperature=0.0 if greedy else self.val_sampling.temperature,
+            top_p=self.val_sampling.top_p,
+            max_new_tokens=self.sampling.max_new_tokens,
+            stop=list(self.sampling.stop),
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 17)
+            return self.make_loop(engine, tokenizer).run([EpisodeRequest(task=t) for t in tasks], params)
+
+    # ---- demonstrations (SFT warm-start) ------------------------------------------------------
+    def demonstrations(self, batch: TaskBatch, engine: RolloutEngine, tokenizer) -> list[Trajectory]:
+        """Demonstration trajectories (origin ``demo``) for the SFT warm-start phase."""
+        if self.demos.source == "suite":
+            return self._suite_demonstrations(batch.tasks, self.make_loop(engine, tokenizer))
+        return self._file_demonstrations(batch, tokenizer)
+
+    def _suite_demonstrations(self, tasks: list[Task], loop: AgentLoop) -> list[Trajectory]:
+        actions = [self.suite.demonstration(task) for task in tasks]
+        missing = [t.task_id for t, a in zip(tasks, actions) if not a]
+        if missing:
+            raise ValueError(
+                f"data.demos.source=suite: {type(self.suite).__name__} has no demonstration for task {missing[0]!r}; "
+                "give a JSONL file of demonstrations instead"
+            )
+        return play_scripted(loop, tasks, actions, origin="demo")
+
+    def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:
+        if self._demo_rows is None:
+            self._demo_rows = load_chat_jsonl(self.demos.source)
+        rows = self._demo_rows
+        rank, world = self._rank_world()
+        start = (batch.step * world + rank) * self.tasks_per_step
+        return [
+            conversation_trajectory(rows[(start + j) % len(rows)], tokenizer, f"demo-{(start + j) % len(rows)}")
+            for j in range(self.tasks_per_step)
+        ]
+
+
+def render_action(action: str, config: AgentLoopConfig) -> str:
+    """The assistant text that makes ``parse_action`` return ``action``."""
+    if config.action_format == "tag":
+        return f"<{config.action_tag}>{action}</{config.action_tag}>"
+    return action
+
+
+def play_scripted(loop: AgentLoop, tasks: list[Task], actions: list[list[str]], origin: str) -> list[Trajectory]:
+    """Play fixed action lists through the agent loop (same bookkeeping as sampled episodes)."""
+    tokenizer, eos = loop.tokenizer, loop.tokenizer.eos_token_id
+    responses = [
+        [tokenizer(render_action(a, loop.config), add_special_tokens=False)["input_ids"] + [eos] for a in acts]
+        for acts in actions
+    ]
+    return loop.run_scripted([EpisodeRequest(task=task, origin=origin) for task in tasks], responses)
+
+
+def load_chat_jsonl(path: str) -> list[list[dict]]:
+    """Rows of ``{"messages": [{"role", "content"}, ...]}``; errors name the file, row and field."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data.demos.source: no such file {path!r}")
+    rows = []
+    with open(path) as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
+            messages = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(messages, list) or not messages:
+                raise ValueError(f"{path}, row {number}: field 'messages' (a non-empty list) is missing")
+            for m in messages:
+                if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                    raise ValueError(f"{path}, row {number}: field 'messages' has an entry without a valid role/content")
+            if not any(m["role"] == "assistant" for m in messages):
+                raise ValueError(f"{path}, row {number}: field 'messages' has no assistant message to train on")
+            rows.append(messages)
+    if not rows:
+        raise ValueError(f"data.demos.source: {path!r} has no rows")
+    return rows
+
+
+def conversation_trajectory(messages: list[dict], tokenizer, task_id: str, origin: str = "demo") -> Trajectory:
+    """Tokenize a finished chat conversation into turns, incrementally (same scheme as the agent loop)."""
+    system = next((m["content"] for m in messages if m["role"] == "system"), None)
+    chat = ChatFormatter(tokenizer, system_prompt=system)
+    turns: list[Turn] = []
+    pending: Optional[list[int]] = None
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if m["role"] == "user":
+            text = m["content"]
+            pending = chat.first_prompt(text) if not turns else chat.next_user_turn(text, previous_ended_with_eos=True)
+        else:
+            if pending is None:
+                raise ValueError(f"demonstration {task_id}: an assistant message must follow a user message")
+            ids = tokenizer(m["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            turns.append(Turn(context_ids=pending, response_ids=ids, action=m["content"]))
+            pending = None
+    return Trajectory(task_id=task_id, turns=turns, reward=1.0, success=True, origin=origin)
+
+
+def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int = 64) -> list[str]:
+    """Texts a tiny tokenizer should compress well: system prompt, observations, feedback and
+    rendered expert actions of the first ``num_tasks`` training tasks and all validation tasks."""
+    texts = [suite.system_prompt, INVALID_FORMAT_FEEDBACK]
+    tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()
+    for task in tasks:
+        env = suite.make_env()
+        texts.append(env.reset(task))
+        for action in suite.demonstration(task) or []:
+            texts.append(render_action(action, agent))
+            result = env.step(action)
+            texts.extend([result.observation, result.feedback])
+            if result.done:
+                break
+    return texts

@@ -1,0 +1,86 @@
+"""The environment protocol every task speaks (DESIGN.md §8).
+
+``reset(task) -> observation`` and ``step(action) -> StepResult``. ``StepResult.info["feedback"]``
+carries the natural-language feedback that reflection reads; ``info["admissible_actions"]`` lists
+valid actions when the environment has them. Environments never touch a model.
+
+A ``TaskSuite`` bundles a task source with an environment maker; it is what configs name under
+``data.suite``. A task is a plain ``Task``: an id, a prompt-ready payload and the data its verifier needs, so the
+same task can be replayed (R³L retry, R³ replay) by resetting a fresh environment with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, runtime_checkable
+
+
+@dataclass
+class Task:
+    """One task instance.
+
+    task_id: stable id (replay buffers and groups are keyed by it).
+    prompt: the initial user message (for single-turn tasks, the question).
+    answer: reference answer for verifiers (None for interactive worlds).
+    data: anything else the environment needs to rebuild the episode (seed, game file, ...).
+    """
+
+    task_id: str
+    prompt: str
+    answer: Optional[str] = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def feedback(self) -> str:
+        return str(self.info.get("feedback", ""))
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode at a time; create one instance per concurrent episode via ``TaskSuite.make_env``.
+
+    ``StepResult.info`` keys the framework reads: ``feedback`` (str), ``success`` (bool, on the final
+    step), ``admissible_actions`` (list[str], optional), ``invalid_action`` (bool, optional) and
+    ``reward_error`` (bool: the verifier raised or timed out; the sample is masked and counted).
+    """
+
+    def reset(self, task: Task) -> str:
+        """Start ``task``; return the first observation (the user message)."""
+
+    def step(self, action: str) -> StepResult:
+        """Apply ``action``; reward is the episode reward so far in [0, 1] on the final step."""
+
+
+class TaskSuite(Protocol):
+    """What the data layer configures: a task source plus a way to make environments.
+
+    system_prompt: the system message of the conversation.
+    max_turns: episode step limit.
+    """
+
+    system_prompt: str
+    max_turns: int
+
+    def make_env(self) -> Environment:
+        """A fresh environment instance."""
+
+    def train_task(self, index: int) -> Task:
+        """Training task number ``index`` (any int >= 0), a pure function of the suite's config.
+
+        Random access makes the data cursor a single integer (exact resume) and lets ranks shard the
+        stream by index. Finite datasets wrap around with a per-epoch shuffle.
+        """
+
+    def val_tasks(self) -> list[Task]:
+        """The fixed held-out tasks used for validation."""
+
+    def demonstration(self, task: Task) -> Optional[list[str]]:
+        """Expert actions (one per turn) for SFT warm-start, or None when there is no expert."""

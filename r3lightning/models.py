@@ -1,0 +1,205 @@
+"""Policy models: any Hugging Face causal LM, optional LoRA, and tiny models built from a config.
+
+Tiny models are what tests and the CPU recipes train: a Qwen2 or Llama architecture with a few
+million parameters and a byte-level BPE tokenizer trained in memory on text the task suite produces,
+with a ChatML chat template. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Optional
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+@dataclass
+class TinyModelSpec:
+    """A small random-init causal LM built from a config (no download).
+
+    Args:
+        architecture: ``qwen2`` or ``llama``.
+        hidden_size: model width; hidden_size / num_attention_heads must be >= 32 (vLLM CPU attention).
+        num_layers: transformer blocks.
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads (grouped-query attention when below the query heads).
+        intermediate_size: MLP width.
+        vocab_size: target BPE vocabulary size (the tokenizer is trained in memory on the suite's texts).
+        max_position_embeddings: longest sequence the model accepts.
+        tie_word_embeddings: share input embeddings and LM head.
+    """
+
+    architecture: Literal["qwen2", "llama"] = "qwen2"
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 1024
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train.
+
+    Args:
+        name_or_path: Hugging Face model id or local directory; empty to build ``tiny`` instead.
+        tiny: spec of a random-init model built in memory (used when ``name_or_path`` is empty).
+        dtype: parameter dtype: ``float32``, ``bfloat16`` or ``float16``.
+        lora_rank: LoRA rank (0 = full fine-tuning).
+        lora_alpha: LoRA scaling numerator.
+        lora_target_modules: module names LoRA wraps.
+        gradient_checkpointing: trade compute for activation memory.
+        chat_template: Jinja chat template to use when the tokenizer has none (default ChatML).
+    """
+
+    name_or_path: str = ""
+    tiny: TinyModelSpec = field(default_factory=TinyModelSpec)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    gradient_checkpointing: bool = False
+    chat_template: Optional[str] = None
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer in memory with ChatML special tokens and chat template.
+
+    Byte-level pre-tokenization makes every string encodable; the merges learned from ``corpus``
+    (prompts, observations, demonstrations) keep sequences short. Training is deterministic for a
+    given corpus, and the result is stored in checkpoints so resume never depends on retraining.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus) + [" ".join(SPECIAL_TOKENS)], trainer=trainer)
+    return tokenizer_from_json(tok.to_str())
+
+
+def tokenizer_from_json(tokenizer_json: str) -> PreTrainedTokenizerFast:
+    """Rebuild the in-memory tokenizer from its serialized form (as stored in checkpoints)."""
+    from tokenizers import Tokenizer
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(tokenizer_json),
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> PreTrainedModel:
+    """Random-init causal LM of ``spec`` sized to ``tokenizer``'s vocabulary."""
+    head_dim = spec.hidden_size // spec.num_attention_heads
+    if spec.hidden_size % spec.num_attention_heads or head_dim < 32:
+        raise ValueError(
+            f"TinyModelSpec: hidden_size {spec.hidden_size} / num_attention_heads {spec.num_attention_heads} "
+            f"must be a whole head_dim >= 32 (vLLM's CPU attention needs it)"
+        )
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    if spec.architecture == "qwen2":
+        from transformers import Qwen2Config
+
+        config = Qwen2Config(**common)
+    elif spec.architecture == "llama":
+        from transformers import LlamaConfig
+
+        config = LlamaConfig(**common, head_dim=head_dim)
+    else:
+        raise ValueError(f"TinyModelSpec.architecture must be 'qwen2' or 'llama', got {spec.architecture!r}")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def load_pretrained(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load a Hugging Face causal LM and its tokenizer by id or path, with a clear error when missing."""
+    path = config.name_or_path
+    looks_local = path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"model.name_or_path: no model directory at {path!r}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
+    except OSError as err:
+        raise FileNotFoundError(
+            f"model.name_or_path: cannot load {path!r} ({err}). Give a local directory, or a hub id "
+            "with network access and HF_HUB_OFFLINE unset."
+        ) from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        if config.chat_template is None:
+            raise ValueError(
+                f"model.name_or_path: the tokenizer of {path!r} has no chat template; set "
+                "model.chat_template to a Jinja template (r3lightning.models.CHATML_TEMPLATE is one)"
+            )
+        tokenizer.chat_template = config.chat_template
+    return model, tokenizer
+
+
+def apply_lora(model: PreTrainedModel, config: ModelConfig) -> PreTrainedModel:
+    """Wrap ``model`` with LoRA adapters when ``config.lora_rank > 0``."""
+    if config.lora_rank <= 0:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=list(config.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
+    """A short stable digest of the vocabulary, checked on resume."""
+    import hashlib
+
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), separators=(",", ":"))
+    return hashlib.sha256(vocab.encode()).hexdigest()[:16]

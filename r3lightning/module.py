@@ -1,0 +1,505 @@
+"""The LightningModule: policy, optional frozen reference, an RL head and an SFT head.
+
+``training_step`` receives a TaskBatch, rolls it out with the current weights (through the
+datamodule), turns groups into an ExperienceBatch with ``algos``, and optimizes it in micro-batches
+with manual optimization. Every loss is normalized by the *global* number of loss tokens (or
+sequences) of the step, all-reduced over ranks, so the result does not depend on how the batch was
+split into micro-batches or ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import lightning as L
+import torch
+from torchmetrics import MeanMetric
+
+from r3lightning import algos
+from r3lightning.data.collate import collate_experience
+from r3lightning.data.datamodule import RolloutDataModule, TaskBatch, corpus_from_suite
+from r3lightning.models import (
+    ModelConfig,
+    apply_lora,
+    build_tiny_model,
+    build_tokenizer,
+    load_pretrained,
+    tokenizer_fingerprint,
+)
+from r3lightning.rollout.engine import RolloutEngine
+from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.rollout.metrics import experience_metrics, trajectory_metrics
+from r3lightning.types import ExperienceBatch, Group, Trajectory
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL objective: a composition of orthogonal knobs (docs/algorithms.md).
+
+    Args:
+        advantage: group estimator: grpo | dr_grpo | rloo | opmd | reinforce | raft.
+        adv_eps: epsilon added to the group std (grpo).
+        success_threshold: reward at or above which a sample counts as a success (raft, metrics).
+        positive_amplification: R³L positive amplification of positive advantages.
+        alpha: amplification factor.
+        max_reward: reward that counts as the maximum for amplification.
+        max_reward_mode: value given to max-reward samples: ``alpha`` (paper) or ``one`` (reference code).
+        pivotal_credit: mask turns before each trajectory's pivot (R³L); off = trajectory-level credit.
+        policy_loss: pg (no ratio) | ppo_clip | gspo.
+        clip_eps_low: lower clip range of the ratio.
+        clip_eps_high: upper clip range of the ratio (> low is DAPO's clip-higher).
+        kl_coef: weight of the KL penalty to the frozen reference (0 disables the reference model).
+        kl_estimator: k1 | k2 | k3.
+        aggregation: token_mean | seq_mean_token_mean | seq_mean_token_sum.
+        sft_weight: weight of the SFT head's NLL (meta-tasks, demonstrations, GNT reflections).
+        off_policy_gamma: γ of Critique-GRPO's policy shaping π/(π+γ) on off-policy refinements.
+        recompute_old_logprobs: recompute behaviour log-probs with the trainer before updating (needed
+            for ratios when the engine's numerics differ from the trainer's, or for replayed samples).
+        update_epochs: passes over each batch (more than 1 makes the importance ratio move away from 1).
+        mask_truncated: give truncated samples no RL loss (overlong filtering).
+    """
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "opmd", "reinforce", "raft"] = "grpo"
+    adv_eps: float = 1e-6
+    success_threshold: float = 1.0
+    positive_amplification: bool = False
+    alpha: float = 3.0
+    max_reward: float = 1.0
+    max_reward_mode: Literal["alpha", "one"] = "alpha"
+    pivotal_credit: bool = False
+    policy_loss: Literal["pg", "ppo_clip", "gspo"] = "ppo_clip"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    sft_weight: float = 1.0
+    off_policy_gamma: float = 0.1
+    recompute_old_logprobs: bool = False
+    update_epochs: int = 1
+    mask_truncated: bool = False
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and step mechanics.
+
+    Args:
+        lr: AdamW learning rate of the RL phase.
+        sft_lr: learning rate during the SFT warm-start phase (null: same as lr).
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        warmup_steps: linear learning-rate warm-up steps.
+        grad_clip: max global gradient norm (0 disables clipping).
+        micro_batch_size: sequences per forward/backward pass.
+    """
+
+    lr: float = 1e-6
+    sft_lr: Optional[float] = None
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8
+
+
+@dataclass
+class PhaseConfig:
+    """Training phases of one ``fit`` run.
+
+    Args:
+        sft_warmup_steps: optimizer steps of SFT on demonstrations before RL starts.
+    """
+
+    sft_warmup_steps: int = 0
+
+
+@dataclass
+class EngineConfig:
+    """Rollout engine.
+
+    Args:
+        backend: ``hf`` (generate on the live policy).
+        max_batch_size: prompts per generate call.
+    """
+
+    backend: Literal["hf"] = "hf"
+    max_batch_size: int = 64
+
+
+class R3LightningModule(L.LightningModule):
+    """Policy + RL head + SFT head, trained with manual optimization.
+
+    Args:
+        model: which policy to train (a hub/local model, or a tiny model built from a spec).
+        algorithm: the RL objective (advantage, amplification, credit, policy loss, KL, aggregation).
+        optim: optimizer, clipping and micro-batching.
+        phases: SFT warm-start then RL.
+        engine: rollout engine.
+        log_entropy: compute the policy entropy on loss tokens every step (costs one softmax pass).
+        max_bad_steps: stop after this many consecutive steps with non-finite loss or gradients.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig = ModelConfig(),
+        algorithm: AlgorithmConfig = AlgorithmConfig(),
+        optim: OptimConfig = OptimConfig(),
+        phases: PhaseConfig = PhaseConfig(),
+        engine: EngineConfig = EngineConfig(),
+        log_entropy: bool = True,
+        max_bad_steps: int = 5,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_config = model
+        self.algorithm = algorithm
+        self.optim_config = optim
+        self.phases = phases
+        self.engine_config = engine
+        self.log_entropy = log_entropy
+        self.max_bad_steps = max_bad_steps
+        self.automatic_optimization = False
+        self.policy: Optional[torch.nn.Module] = None
+        self.reference: Optional[torch.nn.Module] = None
+        self.tokenizer = None
+        self.engine: Optional[RolloutEngine] = None
+        self.skipped_steps = 0
+        self.consecutive_bad_steps = 0
+        self.last_experience: Optional[ExperienceBatch] = None
+        self.last_trajectories: list[Trajectory] = []
+        self.val_metrics = torch.nn.ModuleDict(
+            {name: MeanMetric() for name in ("success_rate", "success_rate_greedy", "reward_mean")}
+        )
+
+    # ---- construction -------------------------------------------------------------------------
+    @property
+    def datamodule(self) -> RolloutDataModule:
+        dm = getattr(self.trainer, "datamodule", None)
+        if not isinstance(dm, RolloutDataModule):
+            raise TypeError("R3LightningModule needs a RolloutDataModule (data: in the config)")
+        return dm
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        if self.model_config.name_or_path:
+            policy, tokenizer = load_pretrained(self.model_config)
+        else:
+            dm = self.datamodule
+            corpus = corpus_from_suite(dm.suite, dm.agent)
+            tokenizer = build_tokenizer(corpus, self.model_config.tiny.vocab_size)
+            policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
+        self._install(policy, tokenizer)
+
+    def _install(self, policy: torch.nn.Module, tokenizer) -> None:
+        if self.model_config.gradient_checkpointing:
+            policy.gradient_checkpointing_enable()
+        if self.algorithm.kl_coef > 0 and self.model_config.lora_rank <= 0:
+            self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.policy = apply_lora(policy, self.model_config)
+        self.tokenizer = tokenizer
+        self.engine = HFEngine(self.policy, tokenizer, max_batch_size=self.engine_config.max_batch_size)
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        cfg = self.optim_config
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+
+    def learning_rate(self) -> float:
+        """The schedule is a pure function of the global step and phase (so resume needs no state):
+        the phase's base rate with linear warm-up over ``optim.warmup_steps``."""
+        cfg = self.optim_config
+        base = cfg.sft_lr if (self.phase == "sft" and cfg.sft_lr is not None) else cfg.lr
+        return base * min(1.0, (self.global_step + 1) / (max(cfg.warmup_steps, 0) + 1))
+
+    # ---- phases -------------------------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return "sft" if self.global_step < self.phases.sft_warmup_steps else "rl"
+
+    @property
+    def sampling_temperature(self) -> float:
+        temperature = self.datamodule.sampling.temperature
+        return temperature if temperature > 0 else 1.0
+
+    # ---- the training step ----------------------------------------------------------------------
+    def training_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        dm = self.datamodule
+        dm.mark_consumed(batch)
+        self.engine.weight_version = self.global_step
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        if self.phase == "sft":
+            trajectories = dm.demonstrations(batch, self.engine, self.tokenizer)
+            experience = collate_experience(trajectories, [0.0] * len(trajectories), self.tokenizer.pad_token_id)
+            metrics["time/rollout_s"] = time.perf_counter() - start
+        else:
+            exploration = dm.explore(batch, self.engine, self.tokenizer)
+            metrics["time/rollout_s"] = time.perf_counter() - start
+            start = time.perf_counter()
+            experience, trajectories = self.build_experience(exploration.groups, exploration.sft)
+            metrics["time/reward_s"] = time.perf_counter() - start
+            metrics.update(exploration.metrics)
+            metrics.update(trajectory_metrics(exploration.groups, self.algorithm.success_threshold))
+            metrics["perf/rollout_tokens_per_s"] = sum(t.num_response_tokens for t in trajectories) / max(
+                metrics["time/rollout_s"], 1e-9
+            )
+        self.last_trajectories = trajectories
+        self.last_experience = experience
+        start = time.perf_counter()
+        metrics.update(self.optimize(experience))
+        metrics["time/train_s"] = time.perf_counter() - start
+        metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(metrics["time/train_s"], 1e-9)
+        metrics.update(experience_metrics(experience))
+        metrics["train/phase_rl"] = float(self.phase == "rl")
+        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=1)
+
+    def build_experience(self, groups: list[Group], sft: list[Trajectory]) -> tuple[ExperienceBatch, list[Trajectory]]:
+        """Advantages for every RL trajectory (per group), then collation with the SFT samples."""
+        rl = [t for g in groups for t in g.trajectories]
+        group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
+        rewards = torch.tensor([t.reward for t in rl], dtype=torch.float32)
+        advantages = self.compute_advantages(rewards, group_index, rl)
+        trajectories = rl + list(sft)
+        experience = collate_experience(
+            trajectories,
+            advantages.tolist() + [0.0] * len(sft),
+            self.tokenizer.pad_token_id,
+            pivotal_credit=self.algorithm.pivotal_credit,
+        )
+        if self.algorithm.mask_truncated:
+            truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool).unsqueeze(1)
+            experience.loss_mask = experience.loss_mask.masked_fill(truncated, 0.0)
+            experience.advantages = experience.advantages * experience.loss_mask
+        return experience, trajectories
+
+    def compute_advantages(self, rewards: torch.Tensor, group_index: torch.Tensor, trajectories: list[Trajectory]) -> torch.Tensor:
+        """Per-trajectory advantages [N] from rewards [N] and group ids [N]; errored samples are excluded."""
+        if rewards.numel() == 0:
+            return rewards
+        cfg = self.algorithm
+        valid = torch.tensor([not t.reward_error for t in trajectories], dtype=torch.bool)
+        advantages = torch.zeros_like(rewards)
+        if valid.any():
+            advantages[valid] = algos.compute_advantages(
+                rewards[valid], group_index[valid], cfg.advantage, eps=cfg.adv_eps, success_threshold=cfg.success_threshold
+            )
+        if cfg.positive_amplification:
+            advantages = algos.positive_amplification(
+                advantages, rewards, cfg.alpha, cfg.max_reward, cfg.max_reward_mode
+            ) * valid
+        return advantages
+
+    # ---- optimization -------------------------------------------------------------------------
+    def _reduce_sum(self, value: float) -> float:
+        tensor = torch.tensor(float(value), device=self.device)
+        if self.trainer.world_size > 1:
+            tensor = self.trainer.strategy.reduce(tensor, reduce_op="sum")
+        return float(tensor.item())
+
+    def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs [b, T-1] of tokens 1.., logits [b, T-1, V]) at the sampling temperature."""
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = logits[:, :-1] / self.sampling_temperature
+        return algos.selective_log_softmax(logits, batch.input_ids[:, 1:]), logits
+
+    @torch.no_grad()
+    def _fill_logprobs(self, experience: ExperienceBatch) -> None:
+        """Reference log-probs (KL) and recomputed behaviour log-probs, one no-grad pass each."""
+        cfg = self.algorithm
+        size = self.optim_config.micro_batch_size
+        need_ref = cfg.kl_coef > 0 and self.phase == "rl"
+        if not need_ref and not cfg.recompute_old_logprobs:
+            return
+        width = experience.input_ids.shape[1]
+        ref = torch.zeros_like(experience.old_logprobs) if need_ref else None
+        for start in range(0, len(experience), size):
+            micro = experience.slice(start, start + size).to(self.device)
+            cols = micro.input_ids.shape[1]
+            if cfg.recompute_old_logprobs:
+                logp, _ = self.sequence_logprobs(self.policy, micro)
+                experience.old_logprobs[start : start + size, 1:cols] = logp.float().cpu()
+            if need_ref:
+                ref_model = self.reference if self.reference is not None else self.policy
+                context = self.policy.disable_adapter() if self.reference is None else contextlib.nullcontext()
+                with context:
+                    logp, _ = self.sequence_logprobs(ref_model, micro)
+                ref[start : start + size, 1:cols] = logp.float().cpu()
+        if ref is not None:
+            experience.ref_logprobs = ref[:, :width]
+
+    def optimize(self, experience: ExperienceBatch) -> dict[str, float]:
+        """Micro-batched update over ``experience``; returns the step's training metrics."""
+        cfg = self.algorithm
+        optimizer = self.optimizers()
+        for group in optimizer.param_groups:
+            group["lr"] = self.learning_rate()
+        self._fill_logprobs(experience)
+        rl_mask = experience.loss_mask[:, 1:]
+        totals = {
+            "rl_tokens": self._reduce_sum(rl_mask.sum()),
+            "rl_seqs": self._reduce_sum((rl_mask.sum(-1) > 0).sum()),
+            "sft_tokens": self._reduce_sum(experience.sft_mask[:, 1:].sum()),
+        }
+        world = self.trainer.world_size
+        size = self.optim_config.micro_batch_size
+        stats: dict[str, float] = {}
+        for _ in range(max(cfg.update_epochs, 1)):
+            optimizer.zero_grad(set_to_none=True)
+            starts = list(range(0, len(experience), size))
+            sums: dict[str, float] = {}
+            for i, start in enumerate(starts):
+                micro = experience.slice(start, start + size).to(self.device)
+                sync = i == len(starts) - 1
+                with self._maybe_no_sync(sync):
+                    losses = self.micro_batch_loss(micro, totals)
+                    # DDP averages gradients over ranks; the losses are already global sums / global
+                    # counts, so undo the average.
+                    self.manual_backward(losses["loss"] * world)
+                for name, value in losses.items():
+                    value = float(value.detach())
+                    sums[name] = max(sums.get(name, value), value) if name == "ratio_max" else sums.get(name, 0.0) + value
+            stats = self._finish_update(optimizer, sums)
+        return stats
+
+    def _maybe_no_sync(self, sync: bool):
+        model = self.trainer.model
+        if sync or not hasattr(model, "no_sync"):
+            return contextlib.nullcontext()
+        return model.no_sync()
+
+    def micro_batch_loss(self, micro: ExperienceBatch, totals: dict[str, float]) -> dict[str, torch.Tensor]:
+        """Loss terms of one micro-batch, each already divided by the global counts."""
+        cfg = self.algorithm
+        logp, logits = self.sequence_logprobs(self.policy, micro)
+        mask = micro.loss_mask[:, 1:]
+        sft_mask = micro.sft_mask[:, 1:]
+        advantages = micro.advantages[:, 1:]
+        out: dict[str, torch.Tensor] = {}
+        zero = logp.sum() * 0.0
+        if totals["rl_tokens"] > 0:
+            off_policy = torch.tensor([o == "off_policy" for o in micro.origins], device=logp.device).unsqueeze(1)
+            result = algos.policy_loss(
+                logp, micro.old_logprobs[:, 1:], advantages, mask, cfg.policy_loss, cfg.clip_eps_low, cfg.clip_eps_high
+            )
+            per_token = result.per_token
+            if off_policy.any():
+                shaped = algos.shaped_off_policy_loss(logp, advantages, cfg.off_policy_gamma)
+                per_token = torch.where(off_policy, shaped, per_token)
+            out["loss_rl"] = algos.aggregate(per_token, mask, cfg.aggregation, totals["rl_tokens"], totals["rl_seqs"])
+            if result.ratio is not None:
+                m = mask.bool() & ~off_policy
+                out["ratio_sum"] = (result.ratio * m).sum().detach()
+                out["ratio_max"] = (result.ratio * m).max().detach() if m.any() else zero.detach()
+                out["clip_count"] = (result.clipped & m).sum().detach().float()
+            if cfg.kl_coef > 0 and micro.ref_logprobs is not None:
+                kl = algos.kl_estimate(logp, micro.ref_logprobs[:, 1:], cfg.kl_estimator)
+                out["loss_kl"] = cfg.kl_coef * algos.aggregate(kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"])
+                out["kl_ref_sum"] = (kl.detach() * mask).sum()
+        if totals["sft_tokens"] > 0:
+            weight = cfg.sft_weight if self.phase == "rl" else 1.0
+            nll = algos.aggregate(algos.sft_nll(logp), sft_mask, "token_mean", totals["sft_tokens"], 1.0)
+            out["loss_sft"] = weight * nll
+        if self.log_entropy:
+            with torch.no_grad():
+                ent = algos.entropy_from_logits(logits)
+                scored = torch.maximum(mask, sft_mask)
+                out["entropy_sum"] = (ent * scored).sum()
+                out["entropy_count"] = scored.sum()
+        out["loss"] = sum((out[k] for k in ("loss_rl", "loss_kl", "loss_sft") if k in out), zero)
+        return out
+
+    def _finish_update(self, optimizer, sums: dict[str, float]) -> dict[str, float]:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        clip = self.optim_config.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        finite = math.isfinite(sums.get("loss", 0.0)) and bool(torch.isfinite(grad_norm))
+        stats = {
+            "train/loss": sums.get("loss", 0.0),
+            "train/grad_norm": float(grad_norm),
+            "train/lr": optimizer.param_groups[0]["lr"],
+        }
+        for name in ("loss_rl", "loss_sft", "loss_kl"):
+            if name in sums:
+                stats[f"train/{name}"] = sums[name]
+        if "entropy_count" in sums:
+            stats["train/entropy"] = sums["entropy_sum"] / max(sums["entropy_count"], 1.0)
+        rl_tokens = float(self.last_experience.loss_mask[:, 1:].sum()) if self.last_experience is not None else 0.0
+        if "kl_ref_sum" in sums:
+            stats["train/kl_ref"] = sums["kl_ref_sum"] / max(rl_tokens, 1.0)
+        if "ratio_sum" in sums:
+            stats["train/ratio_mean"] = sums["ratio_sum"] / max(rl_tokens, 1.0)
+            stats["train/ratio_max"] = sums["ratio_max"]
+            stats["train/clip_frac"] = sums["clip_count"] / max(rl_tokens, 1.0)
+        if finite:
+            optimizer.step()
+            self.consecutive_bad_steps = 0
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            self.consecutive_bad_steps += 1
+            if self.consecutive_bad_steps >= self.max_bad_steps:
+                self.trainer.should_stop = True
+                self.print(
+                    f"[r3lightning] stopping: {self.consecutive_bad_steps} consecutive steps had non-finite "
+                    "loss or gradients (see train/skipped_steps)"
+                )
+        stats["train/skipped_steps"] = float(self.skipped_steps)
+        return stats
+
+    # ---- validation ---------------------------------------------------------------------------
+    def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        dm = self.datamodule
+        greedy = dm.evaluate(batch.tasks, self.engine, self.tokenizer, greedy=True)
+        sampled = dm.evaluate(batch.tasks, self.engine, self.tokenizer, greedy=False)
+        n = len(batch.tasks)
+        self.val_metrics["success_rate_greedy"].update(sum(t.success for t in greedy) / n, weight=n)
+        self.val_metrics["success_rate"].update(sum(t.success for t in sampled) / n, weight=n)
+        self.val_metrics["reward_mean"].update(sum(t.reward for t in sampled) / n, weight=n)
+
+    def on_validation_epoch_end(self) -> None:
+        for name, metric in self.val_metrics.items():
+            self.log(f"val/{name}", metric.compute(), prog_bar=name == "success_rate_greedy")
+            metric.reset()
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["r3lightning"] = {
+            "phase": self.phase,
+            "weight_version": self.engine.weight_version if self.engine else 0,
+            "skipped_steps": self.skipped_steps,
+            "tokenizer_fingerprint": tokenizer_fingerprint(self.tokenizer),
+            "tokenizer_json": self.tokenizer.backend_tokenizer.to_str() if not self.model_config.name_or_path else None,
+            "model_config": repr(self.model_config),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("r3lightning")
+        if saved is None:
+            raise ValueError("checkpoint was not written by r3lightning (no 'r3lightning' section)")
+        if saved["tokenizer_fingerprint"] != tokenizer_fingerprint(self.tokenizer):
+            raise ValueError(
+                "checkpoint: its tokenizer differs from this run's (changed model or task suite?). "
+                "Resume with the configuration the checkpoint was trained with."
+            )
+        own = self.state_dict()
+        mismatched = [
+            k for k, v in checkpoint["state_dict"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)
+        ]
+        missing = [k for k in own if k not in checkpoint["state_dict"] and not k.startswith("val_metrics")]
+        if mismatched or missing:
+            example = (mismatched or missing)[0]
+            raise ValueError(
+                f"checkpoint: model does not match this configuration ({len(mismatched)} parameters with other "
+                f"shapes, {len(missing)} missing; e.g. {example!r}). Saved model config: {saved['model_config']}"
+            )
+        self.skipped_steps = int(saved.get("skipped_steps", 0))
+        if self.engine is not None:
+            self.engine.weight_version = int(saved.get("weight_version", 0))
+

@@ -1,0 +1,1 @@
+"""Rollout layer: engines, the agent loop and explorers."""

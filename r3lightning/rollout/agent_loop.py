@@ -1,0 +1,273 @@
+"""The agent loop: plays many episodes at once, one batched engine call per turn.
+
+This is the one place where tokens are booked. Each turn records the context tokens appended before
+it and the exact tokens and log-probs the engine returned; the trajectory's token sequence is the
+conversation the policy actually saw. Single-turn tasks are one-step episodes of the same loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Optional
+
+from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
+from r3lightning.envs.safety import CallTimeout, call_with_timeout
+from r3lightning.rollout.chat import ChatFormatter
+from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
+from r3lightning.types import Trajectory, Turn
+
+INVALID_FORMAT_FEEDBACK = "Invalid action format. Reply with exactly one action inside {open}...{close}."
+
+
+@dataclass
+class AgentLoopConfig:
+    """How episodes are played.
+
+    Args:
+        max_context_tokens: an episode whose context would exceed this ends as truncated.
+        action_format: ``tag`` (the action is the text inside <action_tag>...</action_tag>), ``line``
+            (first non-empty line of the response) or ``raw`` (the whole response, e.g. a math solution).
+        action_tag: tag name for the ``tag`` format.
+        invalid_action: what to do when no action can be parsed: ``feedback`` (tell the policy and go
+            on; the turn still counts toward the step limit) or ``end`` (end the episode with reward 0).
+        step_timeout_s: deadline for one environment step (reward code that hangs is abandoned, the
+            sample is masked and counted in ``reward/error_rate``); null disables the deadline.
+        guidance_template: how R³L guidance is shown with the pivot observation; ``{guidance}`` and
+            ``{observation}`` are filled in.
+    """
+
+    max_context_tokens: int = 2048
+    action_format: Literal["tag", "line", "raw"] = "tag"
+    action_tag: str = "action"
+    invalid_action: Literal["feedback", "end"] = "feedback"
+    step_timeout_s: Optional[float] = 30.0
+    guidance_template: str = (
+        "{observation}\n\n[Guidance from a previous attempt - use it, but do not mention it]\n{guidance}"
+    )
+
+
+@dataclass
+class EpisodeRequest:
+    """One episode to play.
+
+    Args:
+        prefix: turns to reuse verbatim; their actions are replayed in a fresh environment and their
+            tokens are kept (R³L retry from a pivot). The episode continues at turn ``len(prefix)``.
+        guidance: text shown with the observation of turn ``len(prefix)`` (and only there).
+    """
+
+    task: Task
+    origin: str = "base"
+    prefix: list[Turn] = field(default_factory=list)
+    guidance: Optional[str] = None
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Episode:
+    index: int
+    request: EpisodeRequest
+    env: Environment
+    turns: list[Turn]
+    pending_context: list[int]
+    context_len: int
+    reward: float = 0.0
+    success: bool = False
+    done: bool = False
+    end_reason: str = ""
+    reward_error: bool = False
+    invalid_actions: int = 0
+    unguided_context: Optional[list[int]] = None
+
+
+def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
+    """Extract the action from a response; None when the format is not met."""
+    if config.action_format == "raw":
+        return response
+    if config.action_format == "line":
+        for line in response.splitlines():
+            if line.strip():
+                return line.strip()
+        return None
+    match = re.search(rf"<{config.action_tag}>(.*?)</{config.action_tag}>", response, flags=re.DOTALL)
+    if match is None or not match.group(1).strip():
+        return None
+    return match.group(1).strip()
+
+
+class AgentLoop:
+    """Plays batches of episodes of ``suite`` with ``engine``.
+
+    Trajectories carry ``info['end_reason']`` (``done``, ``max_turns``, ``context_limit``,
+    ``invalid_action``, ``env_error``, ``length``), ``info['invalid_actions']`` and, for guided
+    episodes, ``info['unguided_context']`` — (turn index, the context tokens that turn would have
+    had without guidance), so context distillation swaps exactly those tokens and nothing else.
+    """
+
+    def __init__(self, suite: TaskSuite, engine: RolloutEngine, tokenizer, config: AgentLoopConfig | None = None) -> None:
+        self.suite = suite
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or AgentLoopConfig()
+        self.chat = ChatFormatter(tokenizer, suite.system_prompt)
+
+    def run(self, requests: list[EpisodeRequest], params: SamplingParams) -> list[Trajectory]:
+        """Play every request to the end; one batched engine call per turn of all active episodes."""
+
+        def sample(episodes: list[_Episode]) -> list[Generation]:
+            return self.engine.generate([self._full_context(ep) for ep in episodes], params)
+
+        return self._play(requests, sample)
+
+    def run_scripted(self, requests: list[EpisodeRequest], responses: list[list[list[int]]]) -> list[Trajectory]:
+        """Play fixed responses (token ids per turn, per request) instead of sampling.
+
+        Demonstrations go through exactly the bookkeeping of sampled episodes; their log-probs are 0
+        (they are trained by the SFT head, which ignores behaviour log-probs).
+        """
+        queues = [list(r) for r in responses]
+
+        def replay(episodes: list[_Episode]) -> list[Generation]:
+            out = []
+            for ep in episodes:
+                if not queues[ep.index]:
+                    raise ValueError(f"task {ep.request.task.task_id!r}: scripted responses ran out before the episode ended")
+                ids = queues[ep.index].pop(0)
+                out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+            return out
+
+        return self._play(requests, replay)
+
+    def _play(self, requests: list[EpisodeRequest], respond: Callable[[list["_Episode"]], list[Generation]]) -> list[Trajectory]:
+        episodes = [self._start(index, request) for index, request in enumerate(requests)]
+        while True:
+            active = [ep for ep in episodes if not ep.done]
+            if not active:
+                break
+            self._play_turn(active, respond)
+        return [self._finish(ep) for ep in episodes]
+
+    def _observation_message(self, ep: _Episode, observation: str) -> str:
+        if ep.request.guidance is not None and len(ep.turns) == len(ep.request.prefix):
+            return self.config.guidance_template.format(observation=observation, guidance=ep.request.guidance)
+        return observation
+
+    def _context_for(self, ep: _Episode, message: str, previous_eos: bool) -> list[int]:
+        if not ep.turns:
+            return self.chat.first_prompt(message)
+        return self.chat.next_user_turn(message, previous_eos)
+
+    def _queue_observation(self, ep: _Episode, observation: str) -> None:
+        """Book the tokens of the next user message, and where the guidance sits inside them."""
+        previous_eos = bool(ep.turns) and ep.turns[-1].response_ids[-1:] == [self.tokenizer.eos_token_id]
+        message = self._observation_message(ep, observation)
+        ep.pending_context = self._context_for(ep, message, previous_eos)
+        if message != observation:
+            ep.unguided_context = self._context_for(ep, observation, previous_eos)
+
+    def _start(self, index: int, request: EpisodeRequest) -> _Episode:
+        env = self.suite.make_env()
+        observation = env.reset(request.task)
+        ep = _Episode(index=index, request=request, env=env, turns=[], pending_context=[], context_len=0)
+        for turn in request.prefix:
+            result = self._step(ep, turn.action)
+            ep.turns.append(turn)
+            ep.context_len += len(turn.context_ids) + len(turn.response_ids)
+            if result is None or result.done:
+                raise ValueError(
+                    f"task {request.task.task_id!r}: replaying prefix action {turn.action!r} ended the episode; "
+                    "a retry pivot must lie before the final turn"
+                )
+            observation = result.observation
+        self._queue_observation(ep, observation)
+        return ep
+
+    def _step(self, ep: _Episode, action: str) -> Optional[StepResult]:
+        try:
+            return call_with_timeout(ep.env.step, action, timeout_s=self.config.step_timeout_s)
+        except (CallTimeout, Exception) as err:
+            ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "env_error", True, 0.0
+            ep.request.info["env_error"] = f"{type(err).__name__}: {err}"
+            return None
+
+    def _play_turn(self, active: list[_Episode], respond: Callable[[list[_Episode]], list[Generation]]) -> None:
+        playable = []
+        for ep in active:
+            if ep.context_len + len(ep.pending_context) >= self.config.max_context_tokens:
+                ep.done, ep.end_reason = True, "context_limit"
+            else:
+                playable.append(ep)
+        if not playable:
+            return
+        generations = respond(playable)
+        for ep, gen in zip(playable, generations):
+            ep.context_len += len(ep.pending_context)
+            room = self.config.max_context_tokens - ep.context_len
+            cut = len(gen.token_ids) > room
+            token_ids, logprobs = gen.token_ids[:room], gen.logprobs[:room]
+            response = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            turn = Turn(context_ids=ep.pending_context, response_ids=token_ids, logprobs=logprobs)
+            if ep.unguided_context is not None:
+                ep.request.info["unguided_context"] = (len(ep.turns), ep.unguided_context)
+                ep.unguided_context = None
+            ep.turns.append(turn)
+            ep.context_len += len(token_ids)
+            if cut:
+                ep.done, ep.end_reason = True, "context_limit"
+                continue
+            action = parse_action(response, self.config)
+            if action is None:
+                ep.invalid_actions += 1
+                if self.config.invalid_action == "end":
+                    ep.done, ep.end_reason = True, "invalid_action"
+                    continue
+                feedback = INVALID_FORMAT_FEEDBACK.format(
+                    open=f"<{self.config.action_tag}>", close=f"</{self.config.action_tag}>"
+                )
+                turn.feedback = feedback
+                self._after_turn(ep, gen.finish_reason, StepResult(feedback, ep.reward, False, {"feedback": feedback}))
+                continue
+            turn.action = action
+            result = self._step(ep, action)
+            if result is None:
+                continue
+            turn.feedback = result.feedback
+            self._after_turn(ep, gen.finish_reason, result)
+
+    def _after_turn(self, ep: _Episode, finish_reason: str, result: StepResult) -> None:
+        ep.reward = float(result.reward)
+        if result.info.get("reward_error"):
+            ep.reward_error = True
+        if result.done:
+            ep.done, ep.success = True, bool(result.info.get("success", ep.reward >= 1.0))
+            ep.end_reason = "length" if finish_reason == "length" and not ep.success else "done"
+            return
+        if len(ep.turns) >= self.suite.max_turns:
+            ep.done, ep.end_reason = True, "max_turns"
+            return
+        self._queue_observation(ep, result.observation)
+
+    def _full_context(self, ep: _Episode) -> list[int]:
+        ids: list[int] = []
+        for turn in ep.turns:
+            ids.extend(turn.context_ids)
+            ids.extend(turn.response_ids)
+        ids.extend(ep.pending_context)
+        return ids
+
+    def _finish(self, ep: _Episode) -> Trajectory:
+        info = dict(ep.request.info)
+        info.update(end_reason=ep.end_reason, invalid_actions=ep.invalid_actions)
+        return Trajectory(
+            task_id=ep.request.task.task_id,
+            turns=ep.turns,
+            reward=0.0 if ep.reward_error else ep.reward,
+            success=ep.success and not ep.reward_error,
+            truncated=ep.end_reason in ("max_turns", "context_limit", "length"),
+            origin=ep.request.origin,
+            model_version=self.engine.weight_version,
+            reward_error=ep.reward_error,
+            info=info,
+        )
+

@@ -1,0 +1,64 @@
+"""Chat-template token bookkeeping, done once and incrementally.
+
+A conversation is extended by *appending tokens*: the first prompt is rendered by the tokenizer's
+chat template; each later user message is rendered as the exact text the template would insert
+after an assistant message, tokenized on its own and appended. Generated tokens are never decoded
+and re-encoded, so the sequence the trainer sees is the sequence the engine produced.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+_SYSTEM, _USER, _ASSISTANT, _NEXT = "\x00S\x00", "\x00U\x00", "\x00A\x00", "\x00N\x00"
+
+
+class ChatFormatter:
+    """Renders conversation pieces to token ids for one tokenizer.
+
+    The template is probed once with sentinel strings to find (a) what it appends after an
+    assistant message's content ("closing", e.g. ``<|im_end|>\\n``) and (b) the text of a following
+    user message plus generation prompt. A template that is not prefix-stable (rendering more
+    messages changes earlier text) is rejected with a clear error, since no incremental scheme can
+    be exact for it.
+    """
+
+    def __init__(self, tokenizer, system_prompt: Optional[str] = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("tokenizer has no chat template; set model.chat_template")
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.eos_text = tokenizer.eos_token or ""
+        head = self._messages(_USER) + [{"role": "assistant", "content": _ASSISTANT}]
+        base = self._render(head, generation_prompt=False)
+        full = self._render(head + [{"role": "user", "content": _NEXT}], generation_prompt=True)
+        if not full.startswith(base):
+            raise ValueError("chat template is not prefix-stable; multi-turn token bookkeeping needs one that is")
+        self.closing = base[base.rindex(_ASSISTANT) + len(_ASSISTANT) :]
+        next_turn = full[len(base) :]
+        self.next_prefix, self.next_suffix = next_turn.split(_NEXT)
+
+    def _messages(self, user: str) -> list[dict]:
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return messages + [{"role": "user", "content": user}]
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def first_prompt(self, user_message: str) -> list[int]:
+        """Tokens of system + first user message + generation prompt."""
+        return self.encode(self._render(self._messages(user_message), generation_prompt=True))
+
+    def next_user_turn(self, user_message: str, previous_ended_with_eos: bool) -> list[int]:
+        """Tokens to append after an assistant response to add ``user_message`` and a generation prompt.
+
+        When the response stopped on the end-of-turn token, only the rest of the template's closing
+        is added; when it was cut off, the whole closing is (the model did not produce it).
+        """
+        closing = self.closing
+        if previous_ended_with_eos and self.eos_text and closing.startswith(self.eos_text):
+            closing = closing[len(self.eos_text) :]
+        return self.encode(closing + self.next_prefix + user_message + self.next_suffix)

@@ -1,0 +1,79 @@
+"""The rollout-engine protocol: token ids in, sampled token ids and behaviour log-probs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. The same fields mean the same thing for every engine.
+
+    Args:
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling mass (1.0 disables it).
+        max_new_tokens: generation budget per call.
+        stop: extra stop strings; generation ends after the token that completes one (kept in the output).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Generation:
+    """One completion: token_ids, their behaviour log-probs (log softmax of logits / temperature,
+    before top-p filtering, the distribution the trainer recomputes), and why it ended: ``stop``
+    (end-of-turn token or stop string) or ``length`` (budget exhausted)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+class RolloutEngine(Protocol):
+    """Batched generation on the current policy weights."""
+
+    weight_version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Complete every prompt (token ids) once; returns one Generation per prompt, in order."""
+
+
+def truncate_at_stop(
+    token_ids: list[int],
+    logprobs: list[float],
+    stop_token_ids: set[int],
+    stop_strings: list[str],
+    decode: Callable[[list[int]], str],
+    budget_exhausted: bool,
+) -> Generation:
+    """Cut a raw completion after its first stop token or stop string; ``decode`` maps ids to text.
+
+    Engines may run past a stop (batched decoding, padding); this gives every engine the same rule.
+    """
+    end = len(token_ids)
+    reason: FinishReason = "length"
+    for i, tok in enumerate(token_ids):
+        if tok in stop_token_ids:
+            end, reason = i + 1, "stop"
+            break
+    if stop_strings:
+        for i in range(end):
+            text = decode(token_ids[: i + 1])
+            if any(s in text for s in stop_strings):
+                end, reason = i + 1, "stop"
+                break
+    if reason == "length" and not budget_exhausted:
+        reason = "stop"
+    return Generation(token_ids=token_ids[:end], logprobs=logprobs[:end], finish_reason=reason)
+

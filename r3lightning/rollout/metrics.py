@@ -1,0 +1,57 @@
+"""Rollout and batch statistics under the metric names of DESIGN.md §10."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from r3lightning.algos.advantages import zero_variance_group_rate
+from r3lightning.types import ExperienceBatch, Group
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def trajectory_metrics(groups: list[Group], success_threshold: float = 1.0) -> dict[str, float]:
+    """reward/*, rollout/* and train/zero_variance_group_rate for a list of RL groups."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    if not trajectories:
+        return {}
+    rewards = [t.reward for t in trajectories]
+    mean = _mean(rewards)
+    out = {
+        "reward/mean": mean,
+        "reward/std": _mean([(r - mean) ** 2 for r in rewards]) ** 0.5,
+        "reward/success_rate": _mean([float(t.success) for t in trajectories]),
+        "reward/error_rate": _mean([float(t.reward_error) for t in trajectories]),
+        "rollout/response_len": _mean([float(t.num_response_tokens) for t in trajectories]),
+        "rollout/num_turns": _mean([float(len(t.turns)) for t in trajectories]),
+        "rollout/truncated_rate": _mean([float(t.truncated) for t in trajectories]),
+        "rollout/invalid_action_rate": _mean(
+            [t.info.get("invalid_actions", 0) / max(len(t.turns), 1) for t in trajectories]
+        ),
+        "rollout/env_error_rate": _mean([float(t.info.get("end_reason") == "env_error") for t in trajectories]),
+    }
+    by_origin: dict[str, list[float]] = defaultdict(list)
+    success_by_origin: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        by_origin[t.origin].append(t.reward)
+        success_by_origin[t.origin].append(float(t.success))
+    for origin, values in by_origin.items():
+        out[f"reward/mean_{origin}"] = _mean(values)
+        out[f"reward/success_rate_{origin}"] = _mean(success_by_origin[origin])
+    group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
+    out["train/zero_variance_group_rate"] = zero_variance_group_rate(torch.tensor(rewards), group_index)
+    return out
+
+
+def experience_metrics(batch: ExperienceBatch) -> dict[str, float]:
+    """Token counts of the batch that was trained on."""
+    return {
+        "train/rl_tokens": float(batch.loss_mask.sum()),
+        "train/sft_tokens": float(batch.sft_mask.sum()),
+        "train/sequences": float(len(batch)),
+        "train/seq_len_max": float(batch.attention_mask.sum(-1).max()) if len(batch) else 0.0,
+    }

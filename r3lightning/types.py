@@ -1,0 +1,175 @@
+"""The one vocabulary of r3lightning: Turn, Trajectory, Group, ExperienceBatch (DESIGN.md §2).
+
+Token bookkeeping is incremental: a turn stores only the tokens that were *added* to the context
+before it (``context_ids``: the whole prompt for the first turn, the rendered environment message
+for later ones) and the tokens the engine generated (``response_ids``). The full context a turn saw is
+the concatenation of everything before it, so a trajectory is one token sequence whose every token
+knows which turn produced it. Nothing is ever re-tokenized from text afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import torch
+
+ORIGINS = ("base", "distilled", "replay", "in_context", "reflect_sft", "retry_sft", "gnt_sft", "demo", "off_policy")
+"""Where a trajectory came from. ``*_sft`` and ``demo`` trajectories are trained by the SFT head,
+the others by the RL head. ``off_policy`` marks refinements used by Critique-GRPO."""
+
+SFT_ORIGINS = frozenset({"reflect_sft", "retry_sft", "gnt_sft", "demo"})
+
+
+@dataclass
+class Turn:
+    """One assistant message in context.
+
+    context_ids: tokens appended to the context right before this turn (prompt, observation, feedback
+        rendered by the chat template, or nothing for a continued reasoning step).
+    response_ids: tokens the engine generated for this turn.
+    logprobs: behaviour log-probs of ``response_ids`` as returned by the engine (same length), or
+        None for text that was not sampled (demonstrations, SFT targets).
+    feedback: natural-language feedback the environment returned after this turn.
+    trainable: False for turns that are context only (for example replayed prefix actions that the
+        loss must never touch, independent of pivot masking).
+    """
+
+    context_ids: list[int]
+    response_ids: list[int]
+    logprobs: Optional[list[float]] = None
+    feedback: str = ""
+    action: str = ""
+    trainable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"Turn: {len(self.logprobs)} logprobs for {len(self.response_ids)} response tokens"
+            )
+
+
+@dataclass
+class Trajectory:
+    """A whole episode of one task.
+
+    pivot: turn (or step) index from which the trajectory diverges from its partner (R³L); turns
+        before it are masked out of the loss when pivotal credit is on. None when there is no pivot.
+    model_version: optimizer-step count of the weights that generated it (staleness checks, replay).
+    """
+
+    task_id: str
+    turns: list[Turn]
+    reward: float = 0.0
+    success: bool = False
+    truncated: bool = False
+    origin: str = "base"
+    pivot: Optional[int] = None
+    model_version: int = 0
+    reward_error: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.origin not in ORIGINS:
+            raise ValueError(f"Trajectory {self.task_id!r}: unknown origin {self.origin!r}; expected one of {ORIGINS}")
+
+    @property
+    def is_sft(self) -> bool:
+        return self.origin in SFT_ORIGINS
+
+    def token_ids(self) -> list[int]:
+        """The whole episode as one token sequence."""
+        ids: list[int] = []
+        for turn in self.turns:
+            ids.extend(turn.context_ids)
+            ids.extend(turn.response_ids)
+        return ids
+
+    def context_of(self, turn_index: int) -> list[int]:
+        """The full context turn ``turn_index`` saw (all earlier tokens plus its own context_ids)."""
+        ids: list[int] = []
+        for i, turn in enumerate(self.turns):
+            ids.extend(turn.context_ids)
+            if i == turn_index:
+                return ids
+            ids.extend(turn.response_ids)
+        raise IndexError(f"Trajectory {self.task_id!r} has {len(self.turns)} turns, asked for {turn_index}")
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(t.response_ids) for t in self.turns)
+
+    @property
+    def actions(self) -> list[str]:
+        return [t.action for t in self.turns]
+
+
+@dataclass
+class Group:
+    """The trajectories of one task that are normalized together (base, distilled, replayed...)."""
+
+    task_id: str
+    trajectories: list[Trajectory]
+    task: Any = None
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+@dataclass
+class ExperienceBatch:
+    """Padded training tensors, right-padded, shape [B, T] unless noted.
+
+    Per-token values are aligned with ``input_ids``: ``old_logprobs[b, t]`` is the behaviour log-prob
+    of token ``input_ids[b, t]`` given the tokens before it. Position 0 is never a loss token.
+
+    loss_mask: 1 on tokens trained by the RL head (assistant tokens after pivot masking).
+    sft_mask: 1 on tokens trained by the SFT head.
+    turn_index: index of the turn that generated each assistant token, -1 elsewhere.
+    advantages: per-token advantage (the sequence's advantage broadcast on its loss tokens).
+    rewards, seq_origin_ids: [B] per-sequence metadata; ``origins`` and ``task_ids`` are lists.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    sft_mask: torch.Tensor
+    turn_index: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    ref_logprobs: Optional[torch.Tensor] = None
+    origins: list[str] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> "ExperienceBatch":
+        moved = {}
+        for name, value in self.__dict__.items():
+            moved[name] = value.to(device) if isinstance(value, torch.Tensor) else value
+        return ExperienceBatch(**moved)
+
+    def slice(self, start: int, end: int) -> "ExperienceBatch":
+        """Rows ``start:end`` (a micro-batch), trimmed to the longest row in it."""
+        rows = {}
+        length = int(self.attention_mask[start:end].sum(dim=1).max().item()) if end > start else 0
+        for name, value in self.__dict__.items():
+            if isinstance(value, torch.Tensor):
+                value = value[start:end]
+                if value.dim() == 2:
+                    value = value[:, :length]
+                rows[name] = value
+            elif isinstance(value, list):
+                rows[name] = value[start:end]
+            else:
+                rows[name] = value
+        return ExperienceBatch(**rows)

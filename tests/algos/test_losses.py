@@ -1,0 +1,145 @@
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from r3lightning.algos import (
+    aggregate,
+    entropy_from_logits,
+    full_kl,
+    kl_estimate,
+    masked_mean,
+    pivotal_mask,
+    policy_loss,
+    selective_log_softmax,
+    sft_nll,
+    shaped_off_policy_loss,
+)
+
+
+def test_selective_log_softmax_matches_log_softmax():
+    logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[2, 1]])
+    z = math.log(math.exp(1) + math.exp(2) + math.exp(3))
+    assert selective_log_softmax(logits, ids).tolist()[0] == pytest.approx([3 - z, -math.log(3)])
+
+
+def test_entropy_uniform_and_peaked():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]]])
+    assert entropy_from_logits(logits).tolist()[0] == pytest.approx([math.log(4), 0.0], abs=1e-6)
+
+
+def test_pivotal_mask():
+    turn_index = torch.tensor([[-1, 0, 0, -1, 1, 1, -1, 2], [-1, 0, 0, -1, 1, 1, -1, 2]])
+    pivot = torch.tensor([2, 0])
+    mask = pivotal_mask(turn_index, pivot)
+    assert mask.int().tolist() == [[0, 0, 0, 0, 0, 0, 0, 1], [0, 1, 1, 0, 1, 1, 0, 1]]
+
+
+def test_pivotal_mask_no_pivot_keeps_assistant_tokens():
+    turn_index = torch.tensor([[-1, 0, 1, -1]])
+    assert pivotal_mask(turn_index, torch.tensor([-1])).int().tolist() == [[0, 1, 1, 0]]
+
+
+def test_kl_estimators_hand_computed():
+    logp = torch.tensor([[math.log(0.5)]])
+    ref = torch.tensor([[math.log(0.25)]])
+    d = math.log(2)
+    assert kl_estimate(logp, ref, "k1").item() == pytest.approx(d)
+    assert kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * d * d)
+    assert kl_estimate(logp, ref, "k3").item() == pytest.approx(0.5 + d - 1)
+    with pytest.raises(ValueError):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_full_kl_hand_computed():
+    student = torch.log(torch.tensor([[[0.5, 0.5]]]))
+    teacher = torch.log(torch.tensor([[[0.25, 0.75]]]))
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert full_kl(student, teacher).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_pg_loss_and_gradient():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    adv = torch.tensor([[2.0, -1.0]])
+    out = policy_loss(logp, logp.detach(), adv, torch.ones(1, 2), "pg")
+    assert out.per_token.tolist() == [[2.0, -2.0]]
+    out.per_token.sum().backward()
+    assert logp.grad.tolist() == [[-2.0, 1.0]]
+    assert out.ratio is None
+
+
+def test_ppo_clip_hand_computed():
+    # ratios: e^0.5≈1.6487 (A>0, clipped to 1.2), e^-0.5≈0.6065 (A<0 -> clip to 0.8, min picks -0.8*-1... )
+    logp = torch.tensor([[0.5, -0.5, 0.1]])
+    old = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, -1.0, 1.0]])
+    out = policy_loss(logp, old, adv, torch.ones(1, 3), "ppo_clip", eps_low=0.2, eps_high=0.2)
+    r = [math.exp(0.5), math.exp(-0.5), math.exp(0.1)]
+    expected = [-min(r[0], 1.2), -min(-r[1], -0.8), -r[2]]
+    assert out.per_token.tolist()[0] == pytest.approx(expected, rel=1e-6)
+    assert out.clipped.tolist() == [[True, True, False]]
+
+
+def test_ppo_clip_higher_asymmetric():
+    logp = torch.tensor([[0.25]])
+    out = policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), "ppo_clip", eps_low=0.2, eps_high=0.28)
+    assert out.per_token.item() == pytest.approx(-min(math.exp(0.25), 1.28))
+
+
+def test_gspo_sequence_ratio_and_gradient():
+    logp = torch.tensor([[0.2, 0.0, 5.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # third token is padding: excluded from the ratio
+    adv = torch.ones(1, 3)
+    out = policy_loss(logp, old, adv, mask, "gspo", eps_low=1.0, eps_high=1.0)
+    s = math.exp(0.1)
+    assert out.ratio[0, :2].tolist() == pytest.approx([s, s], rel=1e-6)
+    (out.per_token * mask).sum().backward()
+    assert logp.grad[0, :2].tolist() == pytest.approx([-s, -s], rel=1e-6)
+
+
+def test_shaped_off_policy_loss():
+    logp = torch.log(torch.tensor([[0.1, 0.9]]))
+    adv = torch.tensor([[1.0, 1.0]])
+    out = shaped_off_policy_loss(logp, adv, gamma=0.1)
+    assert out.tolist()[0] == pytest.approx([-0.5, -0.9])
+
+
+def test_sft_nll():
+    assert sft_nll(torch.tensor([[-0.5, -2.0]])).tolist() == [[0.5, 2.0]]
+
+
+def test_aggregation_modes_hand_computed():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(per_token, mask, "token_mean", 4, 2).item() == pytest.approx(10 / 4)
+    assert aggregate(per_token, mask, "seq_mean_token_mean", 4, 2).item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(per_token, mask, "seq_mean_token_sum", 4, 2).item() == pytest.approx((6 + 4) / 2)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_micro_batches_sum_to_full_batch(mode):
+    torch.manual_seed(0)
+    per_token = torch.randn(6, 5)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    mask[:, 0] = 1
+    tokens, seqs = mask.sum().item(), 6.0
+    full = aggregate(per_token, mask, mode, tokens, seqs)
+    parts = sum(aggregate(per_token[i : i + 2], mask[i : i + 2], mode, tokens, seqs) for i in range(0, 6, 2))
+    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_masked_mean_empty_mask_is_zero():
+    assert masked_mean(torch.ones(2, 2), torch.zeros(2, 2)).item() == 0.0
+
+
+def test_algos_import_no_heavy_frameworks():
+    code = (
+        "import sys, r3lightning.algos\n"
+        "bad = [m for m in ('lightning', 'pytorch_lightning', 'transformers', 'vllm') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

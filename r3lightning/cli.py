@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 
+from callbacks.phase_report import PhaseReport
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
 
@@ -15,7 +17,7 @@ TRAINER_DEFAULTS = {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": "runs", "name": "r3l"},
     },
-    "callbacks": [{"class_path": "lightning.pytorch.callbacks.RichProgressBar"}],
+    "callbacks": [PhaseReport()],
     "accelerator": "auto",
     "devices": 1,
     "num_sanity_val_steps": 0,
@@ -25,7 +27,17 @@ TRAINER_DEFAULTS = {
 
 
 class R3LightningCLI(LightningCLI):
-    """LightningCLI with r3lightning's module and datamodule and sensible RL defaults."""
+    """LightningCLI with r3lightning's module and datamodule and sensible RL defaults.
+
+    The phase report (validation success after warm-start and after RL) is always on, and a rich
+    progress bar unless ``trainer.enable_progress_bar`` is false; further callbacks come from
+    ``trainer.callbacks`` in the config.
+    """
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        if config.get("enable_progress_bar", True) is not False:
+            callbacks = [*callbacks, RichProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(

@@ -32,7 +32,7 @@ from r3lightning.models import (
     tokenizer_fingerprint,
 )
 from r3lightning.rollout.engine import RolloutEngine
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.rollout.engines import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, trajectory_metrics
 from r3lightning.types import ExperienceBatch, Group, Trajectory
 
@@ -119,19 +119,6 @@ class PhaseConfig:
     sft_warmup_steps: int = 0
 
 
-@dataclass
-class EngineConfig:
-    """Rollout engine.
-
-    Args:
-        backend: ``hf`` (generate on the live policy).
-        max_batch_size: prompts per generate call.
-    """
-
-    backend: Literal["hf"] = "hf"
-    max_batch_size: int = 64
-
-
 class R3LightningModule(L.LightningModule):
     """Policy + RL head + SFT head, trained with manual optimization.
 
@@ -204,7 +191,7 @@ class R3LightningModule(L.LightningModule):
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
         self.policy = apply_lora(policy, self.model_config)
         self.tokenizer = tokenizer
-        self.engine = HFEngine(self.policy, tokenizer, max_batch_size=self.engine_config.max_batch_size)
+        self.engine = build_engine(self.engine_config, self.policy, tokenizer)
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]

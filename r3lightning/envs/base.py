@@ -11,6 +11,7 @@ same task can be replayed (R³L retry, R³ replay) by resetting a fresh environm
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, runtime_checkable
 
@@ -59,19 +60,22 @@ class Environment(Protocol):
         """Apply ``action``; reward is the episode reward so far in [0, 1] on the final step."""
 
 
-class TaskSuite(Protocol):
+class TaskSuite(abc.ABC):
     """What the data layer configures: a task source plus a way to make environments.
 
-    system_prompt: the system message of the conversation.
-    max_turns: episode step limit.
+    Subclass it and name the subclass in ``data.suite.class_path``. Subclasses set two attributes:
+    ``system_prompt`` (the system message of each conversation) and ``max_turns`` (the episode step
+    limit).
     """
 
-    system_prompt: str
-    max_turns: int
+    system_prompt: str = ""
+    max_turns: int = 1
 
+    @abc.abstractmethod
     def make_env(self) -> Environment:
         """A fresh environment instance."""
 
+    @abc.abstractmethod
     def train_task(self, index: int) -> Task:
         """Training task number ``index`` (any int >= 0), a pure function of the suite's config.
 
@@ -79,8 +83,10 @@ class TaskSuite(Protocol):
         stream by index. Finite datasets wrap around with a per-epoch shuffle.
         """
 
+    @abc.abstractmethod
     def val_tasks(self) -> list[Task]:
         """The fixed held-out tasks used for validation."""
 
+    @abc.abstractmethod
     def demonstration(self, task: Task) -> Optional[list[str]]:
         """Expert actions (one per turn) for SFT warm-start, or None when there is no expert."""

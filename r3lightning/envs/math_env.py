@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
-from r3lightning.envs.base import StepResult, Task
+from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.envs.math_sources import (
     SCHEMES,
     ArithmeticGenerator,
@@ -359,7 +359,7 @@ class MathEnv:
 # Task suite
 
 
-class MathSuite:
+class MathSuite(TaskSuite):
     """Math problems from a generator or a dataset, with a held-out validation set.
 
     Args:

@@ -16,14 +16,17 @@ Command grammar (lowercase, single-word names)::
 ``go to`` only reaches a room adjacent to the current one. Every observation ends with
 "Valid actions: ..." (sorted), and ``info["admissible_actions"]`` holds the same list; ``take <obj>
 from <receptacle>`` is accepted but listed in its short form ``take <obj>``. A response may wrap the
-command in ``<action>...</action>``; the last such block is used.
+command in ``<action>...</action>``; the first such block is used, as in the agent loop.
 
 Difficulty:
     1. One room, 2-3 receptacles, every container open, 1-2 distractor objects.
     2. One room, 3 receptacles, containers closed with probability 0.6, 2-3 distractors.
-    3. 2-3 rooms; the object starts in a different room than its destination; 2-3 distractors.
-    4. 3-4 rooms; one container is locked (it holds the object or is the destination) and the key lies
-       in another room, possibly in a closed container; 3-4 distractors.
+    3. 2-3 rooms of 2-3 receptacles, the object in a different room than its destination, containers
+       closed with probability 0.5, 2-3 distractors.
+    4. 3-4 rooms as in 3, plus one locked container (it holds the object or is the destination) whose
+       key lies in another room, possibly in a closed container; 3-4 distractors.
+
+Optimal plans are 2 actions long at level 1, 2-4 at level 2, 3-8 at level 3 and 6-16 at level 4.
 
 Reward: 1.0 on the step that achieves the goal, 0.0 otherwise (no partial credit). An episode ends on
 success or after ``max_turns`` steps.
@@ -37,14 +40,14 @@ breadth-first search over world states. The diagnostician's pivot is the first s
 optimal distance to the goal did not drop by one.
 
 Splits: training tasks use even generation seeds and validation tasks odd ones (derived by hashing the
-suite seed, split and index), so their ids never collide; a training layout identical to a validation
-layout (possible at low difficulty) is redrawn, so held-out layouts are never trained on.
+suite seed, split and index), so their ids never collide. Disjointness is by seed: identical layouts from
+different seeds are possible in principle but rare (5000 training layouts at difficulty 1 are all
+distinct).
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import random
 import re
 from collections import deque
@@ -52,7 +55,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any, Optional
 
-from r3lightning.envs.base import StepResult, Task
+from r3lightning.envs.base import StepResult, Task, TaskSuite
 
 ROOM_NAMES = ("kitchen", "bedroom", "bathroom", "hallway", "office", "garage", "pantry", "study")
 SURFACE_NAMES = ("table", "counter", "shelf", "desk", "bed", "sofa", "bench")
@@ -97,6 +100,8 @@ LEVELS = {
 
 @dataclass(frozen=True)
 class Receptacle:
+    """Furniture: a surface (things go "on" it) or a container (things go "in" it; it can be closed)."""
+
     name: str
     room: str
     is_container: bool
@@ -204,9 +209,9 @@ class Outcome:
 # Generation
 
 
-def derive_seed(suite_seed: int, split: str, index: int, attempt: int = 0) -> int:
+def derive_seed(suite_seed: int, split: str, index: int) -> int:
     """Generation seed of task ``index`` of ``split``: even for "train", odd for "val" (disjoint splits)."""
-    digest = hashlib.sha256(f"{suite_seed}:{split}:{index}:{attempt}".encode()).digest()
+    digest = hashlib.sha256(f"{suite_seed}:{split}:{index}".encode()).digest()
     return 2 * int.from_bytes(digest[:7], "big") + (0 if split == "train" else 1)
 
 
@@ -260,7 +265,6 @@ def _pick_goal_receptacles(
 ) -> tuple[Receptacle, Receptacle, Optional[Receptacle]]:
     """(source, destination, locked container or None); multi-room worlds put them in different rooms."""
     multi_room = level.rooms[0] > 1
-    locked = None
     if level.locked:
         locked = rng.choice([r for r in receptacles if r.is_container])
         others = [r for r in receptacles if r.room != locked.room]
@@ -269,7 +273,7 @@ def _pick_goal_receptacles(
         return rng.choice(others), locked, locked
     destination = rng.choice(receptacles)
     sources = [r for r in receptacles if r != destination and not (multi_room and r.room == destination.room)]
-    return rng.choice(sources), destination, locked
+    return rng.choice(sources), destination, None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -277,9 +281,10 @@ def _pick_goal_receptacles(
 
 
 def normalize_command(text: str) -> str:
-    """The command in a response: the last ``<action>`` block if any, lowercased, spaces collapsed."""
-    blocks = ACTION_TAG.findall(text)
-    command = blocks[-1] if blocks else text
+    """The command in a response: the first ``<action>`` block if any (as the agent loop parses it),
+    lowercased, spaces collapsed, without a trailing period."""
+    found = ACTION_TAG.search(text)
+    command = found.group(1) if found else text
     return " ".join(command.lower().split()).rstrip(".")
 
 
@@ -319,16 +324,10 @@ def _here(world: World, state: State, name: str) -> Optional[Receptacle]:
     return receptacle if receptacle is not None and receptacle.room == state.room else None
 
 
-def _reachable(world: World, state: State, place: str) -> bool:
-    """Whether the agent can take from or see into ``place`` (held objects count as reachable)."""
-    if place == INVENTORY:
-        return True
-    return _here(world, state, place) is not None and state.status(place) == OPEN
-
-
 def visible_objects(world: World, state: State) -> list[str]:
-    """Objects the agent can take now, sorted."""
-    return sorted(obj for obj, place in state.locations if place != INVENTORY and _reachable(world, state, place))
+    """Objects the agent can take now (on a surface or in an open container in this room), sorted."""
+    return sorted(obj for obj, place in state.locations
+                  if _here(world, state, place) is not None and state.status(place) == OPEN)
 
 
 def _go(world: World, state: State, room: str) -> Outcome:
@@ -621,7 +620,8 @@ def diagnose(task: Task, actions: list[str], feedbacks: Optional[list[str]] = No
     outcome_label = "success_but_inefficient" if success else "failure"
     if pivot is None:
         remaining = shortest_plan(world, state)
-        cause = f"All {steps} actions were on a shortest path, but the episode ended {len(remaining)} actions short of the goal."
+        cause = (f"All {steps} actions were on a shortest path, but the episode ended "
+                 f"{len(remaining)} actions short of the goal.")
         return _reflection(summary, cause, outcome_label, f"Continue with '{remaining[0]}'.", steps)
     step, before, outcome = pivot
     action = normalize_command(actions[step])
@@ -720,7 +720,7 @@ class ProceduralWorldEnv:
         return StepResult(observation=text, reward=1.0 if success else 0.0, done=self._done, info=info)
 
 
-class ProceduralWorldSuite:
+class ProceduralWorldSuite(TaskSuite):
     """Procedurally generated household tasks (the CPU quickstart's training world)."""
 
     def __init__(
@@ -759,9 +759,7 @@ class ProceduralWorldSuite:
     def train_task(self, index: int) -> Task:
         if index < 0:
             raise ValueError(f"train_task index must be >= 0, got {index}")
-        candidates = (derive_seed(self.seed, "train", index, attempt) for attempt in itertools.count())
-        seed = next(s for s in candidates if generate_world(s, self.difficulty) not in self._val_worlds)
-        return make_task(seed, self.difficulty)
+        return make_task(derive_seed(self.seed, "train", index), self.difficulty)
 
     def val_tasks(self) -> list[Task]:
         return list(self._val_task_list)
@@ -772,7 +770,3 @@ class ProceduralWorldSuite:
     @cached_property
     def _val_task_list(self) -> list[Task]:
         return [make_task(derive_seed(self.seed, "val", i), self.difficulty) for i in range(self.num_val_tasks)]
-
-    @cached_property
-    def _val_worlds(self) -> frozenset[World]:
-        return frozenset(world_of(task) for task in self._val_task_list)

@@ -1,11 +1,14 @@
+import os
 import random
+import subprocess
+import sys
 from collections import deque
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from r3lightning.envs.base import Environment, Task
+from r3lightning.envs.base import Environment, Task, TaskSuite
 from r3lightning.envs.textworld_procedural import (
     DEFAULT_MAX_TURNS,
     INFO_VERBS,
@@ -101,15 +104,34 @@ def test_expert_solves_every_task_optimally(difficulty):
         assert all(not r.done and r.reward == 0.0 for r in results[:-1])
 
 
-@pytest.mark.parametrize(("difficulty", "num_tasks"), [(1, 40), (2, 40), (3, 30), (4, 6)])
+@pytest.mark.parametrize(("difficulty", "num_tasks"), [(1, 40), (2, 40), (3, 40), (4, 12)])
 def test_planner_matches_breadth_first_search(difficulty, num_tasks):
     # From the start and from states a random walk reaches (object or key moved, containers toggled).
     # The search is slow at difficulty 4 (~0.2 s a state), hence fewer tasks there.
     rng = random.Random(difficulty)
     for index in range(num_tasks):
         world = world_of(SUITES[difficulty].train_task(index))
-        for state in random_walk_states(world, rng, length=6)[::6]:
+        for state in random_walk_states(world, rng, length=6)[::3]:
             assert len(shortest_plan(world, state)) == bfs_distance(world, state)
+
+
+@pytest.mark.parametrize(("apple_room", "key_room"), [("hallway", "pantry"), ("pantry", "hallway")])
+def test_planner_picks_the_cheaper_fetch_order(apple_room, key_room):
+    # Rooms in a chain pantry - kitchen - hallway - study; the agent starts in the kitchen and the
+    # destination safe (study) is locked. Fetching first whatever lies away from the study saves two moves.
+    world = World(
+        rooms=("pantry", "kitchen", "hallway", "study"),
+        exits=(("pantry", "kitchen"), ("kitchen", "hallway"), ("hallway", "study")),
+        receptacles=(Receptacle("shelf", "pantry", False), Receptacle("table", "hallway", False),
+                     Receptacle("safe", "study", True)),
+        goal_object="apple",
+        goal_receptacle="safe",
+        start=State("kitchen", (("apple", "shelf" if apple_room == "pantry" else "table"),
+                                ("key", "shelf" if key_room == "pantry" else "table")), (("safe", "locked"),)),
+    )
+    plan = shortest_plan(world, world.start)
+    assert len(plan) == bfs_distance(world, world.start) == 9
+    assert plan[0] == "go to pantry"
 
 
 def test_admissible_actions_are_exactly_the_valid_commands():
@@ -146,6 +168,18 @@ def test_tasks_are_deterministic_in_seed_and_index():
     assert a.make_env().reset(rebuilt) == task.prompt
 
 
+def test_layouts_do_not_depend_on_the_hash_seed():
+    script = ("import hashlib; from r3lightning.envs.textworld_procedural import ProceduralWorldSuite as S; "
+              "prompts = ''.join(S(difficulty=4).train_task(i).prompt for i in range(20)); "
+              "print(hashlib.sha256(prompts.encode()).hexdigest())")
+    outputs = {
+        subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": salt},
+                       capture_output=True, text=True, check=True).stdout
+        for salt in ("1", "2")
+    }
+    assert len(outputs) == 1
+
+
 @pytest.mark.parametrize("difficulty", (1, 4))
 def test_train_and_val_are_disjoint(difficulty):
     suite = ProceduralWorldSuite(difficulty=difficulty, num_val_tasks=64)
@@ -177,6 +211,7 @@ def test_observations_are_short(difficulty):
 def test_suite_speaks_the_protocol():
     suite = ProceduralWorldSuite()
     env = suite.make_env()
+    assert isinstance(suite, TaskSuite)
     assert isinstance(env, Environment) and isinstance(env, ProceduralWorldEnv)
     assert "<action>" in suite.system_prompt and suite.max_turns == DEFAULT_MAX_TURNS[1]
     with pytest.raises(ValueError):
@@ -205,7 +240,7 @@ def test_invalid_action_feedback_and_flag():
 
 def test_action_tags_are_parsed():
     assert normalize_command("I should grab it. <action>Take  Apple</action>") == "take apple"
-    assert normalize_command("<action>look</action> then <action>go to kitchen.</action>") == "go to kitchen"
+    assert normalize_command("<action>go to kitchen.</action> then <action>look</action>") == "go to kitchen"
     assert normalize_command("  open fridge ") == "open fridge"
 
 
@@ -301,7 +336,7 @@ def test_diagnose_explains_a_hidden_object():
     assert report["improvement_suggestion"].startswith(f"At step 0, do 'open {container}' instead of 'take {obj}'.")
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(difficulty=st.sampled_from(DIFFICULTIES), index=st.integers(0, 10**6), data=st.data())
 def test_pivot_is_the_injected_mistake(difficulty, index, data):
     suite = SUITES[difficulty]

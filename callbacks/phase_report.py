@@ -1,0 +1,60 @@
+"""Report validation success at the end of the SFT warm-up and at the end of training."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import lightning as L
+
+
+class PhaseReport(L.Callback):
+    """Collects ``val/*`` after every validation, tagged with the phase, and prints a summary.
+
+    The summary names the last validation of the warm-up phase (the one run at the step where RL
+    begins) and the last validation overall, and is written to ``<log_dir>/phase_report.json``.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        warmup_steps = getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0)
+        phase = "warmup" if trainer.global_step <= warmup_steps and warmup_steps > 0 else "rl"
+        self.records.append({"step": trainer.global_step, "phase": phase, **metrics})
+
+    def summary(self) -> dict[str, Any]:
+        warmup = [r for r in self.records if r["phase"] == "warmup"]
+        return {
+            "after_warmup": warmup[-1] if warmup else None,
+            "final": self.records[-1] if self.records else None,
+            "history": self.records,
+        }
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or not self.records:
+            return
+        summary = self.summary()
+        lines = ["[r3lightning] validation success rate (greedy / sampled):"]
+        for label, record in (("after warm-start", summary["after_warmup"]), ("after RL", summary["final"])):
+            if record is not None:
+                lines.append(
+                    f"  {label:<17} step {record['step']:>5}: "
+                    f"{100 * record.get('val/success_rate_greedy', float('nan')):5.1f}% / "
+                    f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
+                )
+        print("\n".join(lines), flush=True)
+        log_dir = trainer.log_dir or trainer.default_root_dir
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, "phase_report.json"), "w") as handle:
+            json.dump(summary, handle, indent=2)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"records": self.records}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.records = list(state_dict.get("records", []))

@@ -1,0 +1,156 @@
+"""Agent loop: batched multi-turn play with exact token bookkeeping."""
+
+import time
+
+import pytest
+import torch
+
+from r3lightning.data.collate import collate_experience
+from r3lightning.data.datamodule import play_scripted
+from r3lightning.envs.base import StepResult, Task, TaskSuite
+from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest, parse_action
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.hf_engine import HFEngine
+
+
+class RecordingEngine:
+    """Wraps an engine and records every prompt and generation it served."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.weight_version = inner, [], 0
+
+    def generate(self, prompts, params):
+        out = self.inner.generate(prompts, params)
+        self.calls.append((prompts, out))
+        return out
+
+
+def test_parse_action_formats():
+    tag = AgentLoopConfig(action_format="tag")
+    assert parse_action("think <action> take apple </action> more", tag) == "take apple"
+    assert parse_action("no tag here", tag) is None
+    assert parse_action("<action>  </action>", tag) is None
+    assert parse_action("\n\n go to kitchen\nextra", AgentLoopConfig(action_format="line")) == "go to kitchen"
+    assert parse_action("x = 3\n\\boxed{3}", AgentLoopConfig(action_format="raw")) == "x = 3\n\\boxed{3}"
+
+
+def test_multi_turn_tokens_are_exactly_the_engines(world_suite, world_tokenizer, world_policy):
+    torch.manual_seed(0)
+    engine = RecordingEngine(HFEngine(world_policy, world_tokenizer))
+    loop = AgentLoop(world_suite, engine, world_tokenizer, AgentLoopConfig(max_context_tokens=1024))
+    tasks = [world_suite.train_task(i) for i in range(3)]
+    trajectories = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(2)], SamplingParams(max_new_tokens=12))
+    served = {}
+    for prompts, gens in engine.calls:
+        for prompt, gen in zip(prompts, gens):
+            served.setdefault(tuple(prompt), []).append(gen)
+    assert any(len(t.turns) > 1 for t in trajectories), "a random policy should need several turns"
+    for traj in trajectories:
+        for i, turn in enumerate(traj.turns):
+            # The engine was asked with exactly this context and returned exactly these tokens.
+            candidates = served[tuple(traj.context_of(i))]
+            assert any(g.token_ids == turn.response_ids and g.logprobs == turn.logprobs for g in candidates)
+
+
+def test_batching_one_engine_call_per_turn(world_suite, world_tokenizer, world_policy):
+    engine = RecordingEngine(HFEngine(world_policy, world_tokenizer))
+    loop = AgentLoop(world_suite, engine, world_tokenizer)
+    loop.run([EpisodeRequest(task=world_suite.train_task(i)) for i in range(6)], SamplingParams(max_new_tokens=8))
+    assert len(engine.calls) <= world_suite.max_turns
+    assert len(engine.calls[0][0]) == 6
+
+
+def test_loss_mask_covers_assistant_tokens_only(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
+    trajectories = loop.run([EpisodeRequest(task=world_suite.train_task(i)) for i in range(3)], SamplingParams(max_new_tokens=8))
+    batch = collate_experience(trajectories, [1.0] * 3, world_tokenizer.pad_token_id, pivotal_credit=False)
+    for row, traj in enumerate(trajectories):
+        expected = []
+        for turn in traj.turns:
+            expected += [0] * len(turn.context_ids) + [1] * len(turn.response_ids)
+        n = len(expected)
+        assert batch.loss_mask[row, :n].int().tolist() == expected
+        assert batch.loss_mask[row, n:].sum() == 0
+        assert batch.input_ids[row, :n].tolist() == traj.token_ids()
+
+
+def test_expert_demonstrations_succeed_through_the_loop(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
+    tasks = [world_suite.train_task(i) for i in range(5)]
+    demos = play_scripted(loop, tasks, [world_suite.demonstration(t) for t in tasks], origin="demo")
+    assert all(d.success and d.reward == 1.0 for d in demos)
+    assert all(d.actions == world_suite.demonstration(t) for d, t in zip(demos, tasks))
+
+
+def test_retry_from_prefix_shows_pivot_observation_once_with_guidance(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
+    task = world_suite.train_task(0)
+    first = play_scripted(loop, [task], [["look"] * 4], origin="base")[0]
+    retry = loop.run(
+        [EpisodeRequest(task=task, prefix=first.turns[:1], guidance="Take the object first.")],
+        SamplingParams(max_new_tokens=8),
+    )[0]
+    assert retry.turns[0] is first.turns[0]
+    pivot_context = world_tokenizer.decode(retry.turns[1].context_ids)
+    assert pivot_context.count("Valid actions") == 1
+    assert "Take the object first." in pivot_context
+    turn_index, unguided = retry.info["unguided_context"]
+    assert turn_index == 1
+    assert "Take the object first." not in world_tokenizer.decode(unguided)
+    assert world_tokenizer.decode(unguided) == world_tokenizer.decode(first.turns[1].context_ids)
+    for later in retry.turns[2:]:
+        assert "Take the object first." not in world_tokenizer.decode(later.context_ids)
+
+
+def test_context_limit_truncates(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer, AgentLoopConfig(max_context_tokens=120))
+    trajectories = loop.run([EpisodeRequest(task=world_suite.train_task(0))], SamplingParams(max_new_tokens=40))
+    traj = trajectories[0]
+    assert traj.truncated and traj.info["end_reason"] == "context_limit"
+    assert len(traj.token_ids()) <= 120
+
+
+def test_invalid_action_end_mode(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer, AgentLoopConfig(invalid_action="end"))
+    traj = loop.run_scripted([EpisodeRequest(task=world_suite.train_task(0))], [[world_tokenizer("no tags")["input_ids"]]])[0]
+    assert traj.info["end_reason"] == "invalid_action" and traj.reward == 0.0 and len(traj.turns) == 1
+
+
+def test_invalid_action_feedback_mode_continues(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
+    bad = world_tokenizer("no tags")["input_ids"]
+    traj = loop.run_scripted([EpisodeRequest(task=world_suite.train_task(0))], [[bad] * 4])[0]
+    assert traj.info["invalid_actions"] == 4 and traj.info["end_reason"] == "max_turns"
+    assert "Invalid action format" in world_tokenizer.decode(traj.turns[1].context_ids)
+
+
+class HangingSuite(TaskSuite):
+    system_prompt, max_turns = "s", 2
+
+    class Env:
+        def reset(self, task):
+            return "question"
+
+        def step(self, action):
+            time.sleep(30)
+            return StepResult("", 1.0, True, {})
+
+    def make_env(self):
+        return self.Env()
+
+    def train_task(self, index):
+        return Task(f"t{index}", "question")
+
+    def val_tasks(self):
+        return [Task("v0", "question")]
+
+    def demonstration(self, task):
+        return ["x"]
+
+
+def test_hanging_environment_step_is_cut_and_masked(world_tokenizer, world_policy):
+    loop = AgentLoop(HangingSuite(), HFEngine(world_policy, world_tokenizer), world_tokenizer, AgentLoopConfig(action_format="raw", step_timeout_s=0.2))
+    start = time.perf_counter()
+    traj = loop.run([EpisodeRequest(task=Task("t0", "question"))], SamplingParams(max_new_tokens=4))[0]
+    assert time.perf_counter() - start < 10
+    assert traj.reward_error and traj.info["end_reason"] == "env_error" and traj.reward == 0.0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -119,6 +121,30 @@ class PhaseConfig:
     sft_warmup_steps: int = 0
 
 
+def allow_in_checkpoints(*configs: Any) -> None:
+    """Allow the config dataclasses in ``configs`` (and those nested in them) in ``torch.load(weights_only=True)``.
+
+    Checkpoints store the module's init arguments as hyper-parameters; Lightning resumes
+    (``fit(ckpt_path=...)``) with torch's default ``weights_only=True`` loader, which refuses any class
+    it was not told about, so without this a module built in Python could not resume from its own
+    checkpoint. Only these plain config dataclasses are allowed, nothing executable.
+    """
+    found: set[type] = set()
+    stack = list(configs)
+    while stack:
+        value = stack.pop()
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if type(value) not in found:
+                found.add(type(value))
+                stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    if found:
+        torch.serialization.add_safe_globals(sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}"))
+
+
 class R3LightningModule(L.LightningModule):
     """Policy + RL head + SFT head, trained with manual optimization.
 
@@ -143,6 +169,7 @@ class R3LightningModule(L.LightningModule):
         max_bad_steps: int = 5,
     ) -> None:
         super().__init__()
+        allow_in_checkpoints(model, algorithm, optim, phases, engine)
         self.save_hyperparameters()
         self.model_config = model
         self.algorithm = algorithm
@@ -219,7 +246,8 @@ class R3LightningModule(L.LightningModule):
     def training_step(self, batch: TaskBatch, batch_idx: int) -> None:
         dm = self.datamodule
         dm.mark_consumed(batch)
-        self.engine.weight_version = self.global_step
+        if not getattr(self.engine, "needs_weight_sync", False):  # a synced engine's version is its sync count
+            self.engine.weight_version = self.global_step
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         if self.phase == "sft":
@@ -490,3 +518,6 @@ class R3LightningModule(L.LightningModule):
         if self.engine is not None:
             self.engine.weight_version = int(saved.get("weight_version", 0))
 
+
+# ``R3LightningModule.load_from_checkpoint`` loads before any instance exists: allow the default configs' types.
+allow_in_checkpoints(*(p.default for p in inspect.signature(R3LightningModule.__init__).parameters.values()))

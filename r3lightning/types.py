@@ -31,6 +31,8 @@ class Turn:
     logprobs: behaviour log-probs of ``response_ids`` as returned by the engine (same length), or
         None for text that was not sampled (demonstrations, SFT targets).
     feedback: natural-language feedback the environment returned after this turn.
+    action: the action parsed from the response (what the environment received).
+    observation: the user message text this turn answered (for reflection transcripts).
     trainable: False for turns that are context only (for example replayed prefix actions that the
         loss must never touch, independent of pivot masking).
     """
@@ -40,6 +42,7 @@ class Turn:
     logprobs: Optional[list[float]] = None
     feedback: str = ""
     action: str = ""
+    observation: str = ""
     trainable: bool = True
 
     def __post_init__(self) -> None:

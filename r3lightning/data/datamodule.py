@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -20,10 +21,17 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from r3lightning.envs.base import Task, TaskSuite
-from r3lightning.rollout.agent_loop import INVALID_FORMAT_FEEDBACK, AgentLoop, AgentLoopConfig, EpisodeRequest
+from r3lightning.rollout.agent_loop import (
+    INVALID_FORMAT_FEEDBACK,
+    AgentLoop,
+    AgentLoopConfig,
+    EpisodeRequest,
+    render_action,
+)
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers import Exploration, Explorer, SampleExplorer
+from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
 
 
@@ -65,9 +73,13 @@ class DemoConfig:
     Args:
         source: ``suite`` (the environment's scripted expert, ``TaskSuite.demonstration``) or the path of
             a JSONL file whose rows hold ``messages``: a chat conversation (system/user/assistant).
+        reflections: also train on the suite's scripted reflections and guided retries (R³L
+            warm-start: needs a suite with ``diagnose``/``expert_continuation`` and the
+            ``ReflectRetryExplorer``, whose prompt templates are used).
     """
 
     source: str = "suite"
+    reflections: bool = False
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -183,10 +195,11 @@ class RolloutDataModule(L.LightningDataModule):
     def demonstrations(self, batch: TaskBatch, engine: RolloutEngine, tokenizer) -> list[Trajectory]:
         """Demonstration trajectories (origin ``demo``) for the SFT warm-start phase."""
         if self.demos.source == "suite":
-            return self._suite_demonstrations(batch.tasks, self.make_loop(engine, tokenizer))
+            return self._suite_demonstrations(batch, self.make_loop(engine, tokenizer))
         return self._file_demonstrations(batch, tokenizer)
 
-    def _suite_demonstrations(self, tasks: list[Task], loop: AgentLoop) -> list[Trajectory]:
+    def _suite_demonstrations(self, batch: TaskBatch, loop: AgentLoop) -> list[Trajectory]:
+        tasks = batch.tasks
         actions = [self.suite.demonstration(task) for task in tasks]
         missing = [t.task_id for t, a in zip(tasks, actions) if not a]
         if missing:
@@ -194,7 +207,13 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.demos.source=suite: {type(self.suite).__name__} has no demonstration for task {missing[0]!r}; "
                 "give a JSONL file of demonstrations instead"
             )
-        return play_scripted(loop, tasks, actions, origin="demo")
+        demos = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], actions)
+        if self.demos.reflections:
+            if not isinstance(self.explorer, ReflectRetryExplorer):
+                raise ValueError("data.demos.reflections needs data.explorer to be a ReflectRetryExplorer")
+            rng = random.Random(self.rollout_seed(batch.step))
+            demos += scripted_reflection_samples(loop, self.explorer, tasks, rng)
+        return demos
 
     def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:
         if self._demo_rows is None:
@@ -206,23 +225,6 @@ class RolloutDataModule(L.LightningDataModule):
             conversation_trajectory(rows[(start + j) % len(rows)], tokenizer, f"demo-{(start + j) % len(rows)}")
             for j in range(self.tasks_per_step)
         ]
-
-
-def render_action(action: str, config: AgentLoopConfig) -> str:
-    """The assistant text that makes ``parse_action`` return ``action``."""
-    if config.action_format == "tag":
-        return f"<{config.action_tag}>{action}</{config.action_tag}>"
-    return action
-
-
-def play_scripted(loop: AgentLoop, tasks: list[Task], actions: list[list[str]], origin: str) -> list[Trajectory]:
-    """Play fixed action lists through the agent loop (same bookkeeping as sampled episodes)."""
-    tokenizer, eos = loop.tokenizer, loop.tokenizer.eos_token_id
-    responses = [
-        [tokenizer(render_action(a, loop.config), add_special_tokens=False)["input_ids"] + [eos] for a in acts]
-        for acts in actions
-    ]
-    return loop.run_scripted([EpisodeRequest(task=task, origin=origin) for task in tasks], responses)
 
 
 def load_chat_jsonl(path: str) -> list[list[dict]]:

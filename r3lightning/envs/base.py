@@ -90,3 +90,12 @@ class TaskSuite(abc.ABC):
     @abc.abstractmethod
     def demonstration(self, task: Task) -> Optional[list[str]]:
         """Expert actions (one per turn) for SFT warm-start, or None when there is no expert."""
+
+    def diagnose(self, task: Task, actions: list[str], feedbacks: list[str]) -> Optional[dict[str, Any]]:
+        """A scripted reflection in the R³L JSON format for a played trajectory, or None (default)
+        when the suite has no diagnostician. Used for reflective SFT warm-start data."""
+        return None
+
+    def expert_continuation(self, task: Task, prefix_actions: list[str]) -> Optional[list[str]]:
+        """Expert actions that finish ``task`` after ``prefix_actions``, or None (default)."""
+        return None

@@ -767,6 +767,13 @@ class ProceduralWorldSuite(TaskSuite):
     def demonstration(self, task: Task) -> list[str]:
         return expert_plan(task)
 
+    def diagnose(self, task: Task, actions: list[str], feedbacks: list[str]) -> dict[str, Any]:
+        return diagnose(task, actions, feedbacks)
+
+    def expert_continuation(self, task: Task, prefix_actions: list[str]) -> list[str]:
+        world = world_of(task)
+        return list(shortest_plan(world, replay(world, prefix_actions)))
+
     @cached_property
     def _val_task_list(self) -> list[Task]:
         return [make_task(derive_seed(self.seed, "val", i), self.difficulty) for i in range(self.num_val_tasks)]

@@ -79,6 +79,7 @@ class _Episode:
     reward_error: bool = False
     invalid_actions: int = 0
     unguided_context: Optional[list[int]] = None
+    pending_observation: str = ""
 
 
 def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
@@ -94,6 +95,13 @@ def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
     if match is None or not match.group(1).strip():
         return None
     return match.group(1).strip()
+
+
+def render_action(action: str, config: AgentLoopConfig) -> str:
+    """The assistant text that makes ``parse_action`` return ``action``."""
+    if config.action_format == "tag":
+        return f"<{config.action_tag}>{action}</{config.action_tag}>"
+    return action
 
 
 class AgentLoop:
@@ -120,26 +128,46 @@ class AgentLoop:
 
         return self._play(requests, sample)
 
-    def run_scripted(self, requests: list[EpisodeRequest], responses: list[list[list[int]]]) -> list[Trajectory]:
+    def run_scripted(
+        self, requests: list[EpisodeRequest], responses: list[list[list[int]]], allow_unfinished: bool = False
+    ) -> list[Trajectory]:
         """Play fixed responses (token ids per turn, per request) instead of sampling.
 
         Demonstrations go through exactly the bookkeeping of sampled episodes; their log-probs are 0
-        (they are trained by the SFT head, which ignores behaviour log-probs).
+        (they are trained by the SFT head, which ignores behaviour log-probs). An episode whose
+        responses run out before it ends is an error, unless ``allow_unfinished`` (then it ends with
+        ``end_reason="script_end"``).
         """
         queues = [list(r) for r in responses]
 
-        def replay(episodes: list[_Episode]) -> list[Generation]:
-            out = []
+        def replay(episodes: list[_Episode]) -> list[Optional[Generation]]:
+            out: list[Optional[Generation]] = []
             for ep in episodes:
                 if not queues[ep.index]:
-                    raise ValueError(f"task {ep.request.task.task_id!r}: scripted responses ran out before the episode ended")
+                    if not allow_unfinished:
+                        raise ValueError(
+                            f"task {ep.request.task.task_id!r}: scripted responses ran out before the episode ended"
+                        )
+                    out.append(None)
+                    continue
                 ids = queues[ep.index].pop(0)
                 out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
             return out
 
         return self._play(requests, replay)
 
-    def _play(self, requests: list[EpisodeRequest], respond: Callable[[list["_Episode"]], list[Generation]]) -> list[Trajectory]:
+    def play_actions(
+        self, requests: list[EpisodeRequest], actions: list[list[str]], allow_unfinished: bool = False
+    ) -> list[Trajectory]:
+        """Play fixed action strings (rendered in the loop's action format, ended by end-of-turn)."""
+        eos = self.tokenizer.eos_token_id
+        responses = [
+            [self.tokenizer(render_action(a, self.config), add_special_tokens=False)["input_ids"] + [eos] for a in acts]
+            for acts in actions
+        ]
+        return self.run_scripted(requests, responses, allow_unfinished)
+
+    def _play(self, requests: list[EpisodeRequest], respond: Callable[[list["_Episode"]], list[Optional[Generation]]]) -> list[Trajectory]:
         episodes = [self._start(index, request) for index, request in enumerate(requests)]
         while True:
             active = [ep for ep in episodes if not ep.done]
@@ -162,6 +190,7 @@ class AgentLoop:
         """Book the tokens of the next user message, and where the guidance sits inside them."""
         previous_eos = bool(ep.turns) and ep.turns[-1].response_ids[-1:] == [self.tokenizer.eos_token_id]
         message = self._observation_message(ep, observation)
+        ep.pending_observation = observation
         ep.pending_context = self._context_for(ep, message, previous_eos)
         if message != observation:
             ep.unguided_context = self._context_for(ep, observation, previous_eos)
@@ -191,7 +220,7 @@ class AgentLoop:
             ep.request.info["env_error"] = f"{type(err).__name__}: {err}"
             return None
 
-    def _play_turn(self, active: list[_Episode], respond: Callable[[list[_Episode]], list[Generation]]) -> None:
+    def _play_turn(self, active: list[_Episode], respond: Callable[[list[_Episode]], list[Optional[Generation]]]) -> None:
         playable = []
         for ep in active:
             if ep.context_len + len(ep.pending_context) >= self.config.max_context_tokens:
@@ -202,12 +231,17 @@ class AgentLoop:
             return
         generations = respond(playable)
         for ep, gen in zip(playable, generations):
+            if gen is None:
+                ep.done, ep.end_reason = True, "script_end"
+                continue
             ep.context_len += len(ep.pending_context)
             room = self.config.max_context_tokens - ep.context_len
             cut = len(gen.token_ids) > room
             token_ids, logprobs = gen.token_ids[:room], gen.logprobs[:room]
             response = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-            turn = Turn(context_ids=ep.pending_context, response_ids=token_ids, logprobs=logprobs)
+            turn = Turn(
+                context_ids=ep.pending_context, response_ids=token_ids, logprobs=logprobs, observation=ep.pending_observation
+            )
             if ep.unguided_context is not None:
                 ep.request.info["unguided_context"] = (len(ep.turns), ep.unguided_context)
                 ep.unguided_context = None

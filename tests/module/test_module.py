@@ -1,0 +1,141 @@
+"""The LightningModule: on-policy rollouts, global token normalization, phases, learning signal."""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+
+from r3lightning.data.datamodule import RolloutDataModule
+from r3lightning.envs.math_env import MathSuite
+from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model
+from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
+from r3lightning.rollout.agent_loop import AgentLoopConfig
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.types import Group
+
+SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
+
+
+def make(sft_steps=0, micro=8, algorithm=None, lr=1e-3, tasks=2, group=4):
+    dm = RolloutDataModule(
+        MathSuite(source="arithmetic", num_val_tasks=4, instruction=""),
+        group_size=group,
+        tasks_per_step=tasks,
+        sampling=SamplingParams(max_new_tokens=6),
+        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
+    )
+    module = R3LightningModule(
+        model=ModelConfig(tiny=SPEC),
+        algorithm=algorithm or AlgorithmConfig(policy_loss="pg"),
+        optim=OptimConfig(lr=lr, micro_batch_size=micro),
+        phases=PhaseConfig(sft_warmup_steps=sft_steps),
+    )
+    return module, dm
+
+
+def trainer(steps, **kw):
+    return L.Trainer(
+        max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, **kw
+    )
+
+
+class WeightWatcher(L.Callback):
+    """Fingerprints the weights after each optimizer step and at the start of each rollout."""
+
+    def __init__(self):
+        self.after_update, self.at_rollout = {}, {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.at_rollout[trainer.global_step] = self.fingerprint(module)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.after_update[trainer.global_step] = self.fingerprint(module)
+        assert all(t.model_version == trainer.global_step - 1 for t in module.last_trajectories)
+
+    @staticmethod
+    def fingerprint(module):
+        return sum(float(p.detach().double().sum()) for p in module.policy.parameters())
+
+
+def test_rollout_k_uses_weights_after_update_k_minus_1():
+    module, dm = make()
+    watcher = WeightWatcher()
+    trainer(4, callbacks=[watcher]).fit(module, dm)
+    assert sorted(watcher.after_update) == [1, 2, 3, 4]
+    for step in (1, 2, 3):
+        # The batch rolled out at global step k was produced with the weights left by update k.
+        assert watcher.at_rollout[step] == watcher.after_update[step]
+    assert dm.cursor == 4
+
+
+def test_parameters_change_and_metrics_logged():
+    module, dm = make(sft_steps=1)
+    t = trainer(3)
+    t.fit(module, dm)
+    untrained = build_tiny_model(SPEC, module.tokenizer, seed=0)
+    changed = [not torch.equal(a, b) for a, b in zip(module.policy.parameters(), untrained.parameters())]
+    assert all(changed)
+    metrics = t.callback_metrics
+    for tag in ("train/loss_rl", "reward/mean", "train/entropy", "train/grad_norm", "time/rollout_s", "train/zero_variance_group_rate"):
+        assert tag in metrics, tag
+    assert module.skipped_steps == 0
+
+
+def _gradients(module, experience):
+    module.policy.zero_grad()
+    totals = {
+        "rl_tokens": float(experience.loss_mask[:, 1:].sum()),
+        "rl_seqs": float((experience.loss_mask[:, 1:].sum(-1) > 0).sum()),
+        "sft_tokens": float(experience.sft_mask[:, 1:].sum()),
+    }
+    size = module.optim_config.micro_batch_size
+    for start in range(0, len(experience), size):
+        module.micro_batch_loss(experience.slice(start, start + size), totals)["loss"].backward()
+    return torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_gradient_independent_of_micro_batch_size(aggregation):
+    module, dm = make(algorithm=AlgorithmConfig(policy_loss="ppo_clip", aggregation=aggregation))
+    t = trainer(1)
+    t.fit(module, dm)
+    experience = module.last_experience
+    experience.advantages = torch.randn_like(experience.advantages) * experience.loss_mask
+    module.optim_config.micro_batch_size = len(experience)
+    full = _gradients(module, experience)
+    module.optim_config.micro_batch_size = 3
+    split = _gradients(module, experience)
+    torch.testing.assert_close(full, split, rtol=1e-4, atol=1e-6)
+
+
+def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):
+    module, dm = make(sft_steps=2)
+    phases = []
+
+    class PhaseSpy(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            phases.append((module.last_trajectories[0].origin, trainer.callback_metrics["train/phase_rl"].item()))
+
+    t = trainer(4, callbacks=[PhaseSpy()])
+    t.fit(module, dm)
+    assert [p[0] for p in phases] == ["demo", "demo", "base", "base"]
+    path = tmp_path / "last.ckpt"
+    t.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)
+    assert saved["r3lightning"]["phase"] == "rl"
+    assert saved["r3lightning"]["weight_version"] == 3
+    assert saved["RolloutDataModule"]["cursor"] == 4
+
+
+def test_reward_error_samples_are_masked():
+    module, dm = make()
+    t = trainer(1)
+    t.fit(module, dm)
+    groups = [Group("t", copy.deepcopy(module.last_trajectories[:4]))]
+    groups[0].trajectories[0].reward_error = True
+    groups[0].trajectories[0].reward = 1.0
+    experience, _ = module.build_experience(groups, [])
+    assert experience.loss_mask[0].sum() == 0
+    assert experience.loss_mask[1:].sum() > 0

@@ -1,0 +1,111 @@
+"""Exact resume: 2N steps in one run == N steps + checkpoint + resume + N steps (DESIGN.md §11)."""
+
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from callbacks.health import HealthWatchdog
+from callbacks.monitor import TrainingDynamicsMonitor
+from r3lightning.data.datamodule import RolloutDataModule
+from r3lightning.envs.math_env import MathSuite
+from r3lightning.models import ModelConfig, TinyModelSpec
+from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
+from r3lightning.rollout.agent_loop import AgentLoopConfig
+from r3lightning.rollout.engine import SamplingParams
+
+SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
+N = 2
+
+
+def make(spec=SPEC):
+    dm = RolloutDataModule(
+        MathSuite(source="arithmetic", num_val_tasks=4, instruction=""),
+        group_size=4,
+        tasks_per_step=2,
+        sampling=SamplingParams(max_new_tokens=6),
+        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
+        seed=3,
+    )
+    module = R3LightningModule(
+        model=ModelConfig(tiny=spec),
+        # Ratio, clipping and a KL to the reference: optimizer moments, the reference and the
+        # behaviour log-probs all have to come back for the runs to agree.
+        algorithm=AlgorithmConfig(policy_loss="ppo_clip", kl_coef=0.05, recompute_old_logprobs=True),
+        optim=OptimConfig(lr=3e-3, micro_batch_size=4, warmup_steps=3),
+        phases=PhaseConfig(sft_warmup_steps=1),
+    )
+    return module, dm
+
+
+class RewardLog(L.Callback):
+    """Per optimizer step: the logged reward/mean (RL steps) and the task ids trained on."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        rl_step = module.last_trajectories[0].origin != "demo"
+        reward = float(trainer.callback_metrics["reward/mean"]) if rl_step else None
+        self.rows[trainer.global_step] = (reward, [t.task_id for t in batch.tasks])
+
+
+def fit(module, dm, steps, ckpt_path=None, callbacks=()):
+    log = RewardLog()
+    trainer = L.Trainer(
+        max_steps=steps, logger=False, enable_checkpointing=bool(callbacks), enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, deterministic=True,
+        callbacks=[log, HealthWatchdog(), TrainingDynamicsMonitor(), *callbacks],
+    )
+    trainer.fit(module, dm, ckpt_path=ckpt_path)
+    return trainer, log.rows
+
+
+def params(module):
+    return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """2N steps in one run; a checkpoint is saved after step N on the way, as ModelCheckpoint does."""
+    root = tmp_path_factory.mktemp("resume")
+    L.seed_everything(0)
+    module, dm = make()
+    saver = ModelCheckpoint(dirpath=root, filename="{step}", every_n_train_steps=N, save_top_k=-1)
+    _, rows = fit(module, dm, 2 * N, callbacks=[saver])
+    return SimpleNamespace(module=module, dm=dm, rows=rows, checkpoint=str(root / f"step={N}.ckpt"))
+
+
+def test_two_n_steps_equal_n_plus_resume_plus_n(straight_run):
+    # A fresh process would start from another global RNG state: resume must not depend on it.
+    L.seed_everything(1234)
+    resumed, resumed_dm = make()
+    _, resumed_rows = fit(resumed, resumed_dm, 2 * N, ckpt_path=straight_run.checkpoint)
+
+    assert sorted(resumed_rows) == list(range(N + 1, 2 * N + 1))
+    # Same tasks and the same logged rewards at every resumed step.
+    assert resumed_rows == {k: v for k, v in straight_run.rows.items() if k > N}
+    assert all(reward is not None for reward, _ in resumed_rows.values())
+    assert resumed_dm.cursor == straight_run.dm.cursor == 2 * N
+    assert resumed.engine.weight_version == straight_run.module.engine.weight_version
+    a, b = params(straight_run.module), params(resumed)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7, msg=name)
+    saved = torch.load(straight_run.checkpoint, weights_only=False)["state_dict"]
+    assert any(not torch.equal(saved[f"policy.{k}"], v) for k, v in a.items())  # the second half trained
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (TinyModelSpec(hidden_size=96, num_layers=1, num_attention_heads=3, num_key_value_heads=1, intermediate_size=128, vocab_size=300), "model does not match"),
+        (TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=280), "tokenizer differs"),
+    ],
+    ids=["other-width", "other-vocab"],
+)
+def test_resume_with_changed_model_fails_clearly(straight_run, spec, message):
+    other, other_dm = make(spec)
+    with pytest.raises(ValueError, match=message):
+        fit(other, other_dm, 2 * N, ckpt_path=straight_run.checkpoint)

@@ -1,0 +1,259 @@
+"""Every YAML under configs/ parses with the real ``r3l`` parser; stacking, errors and --help behave.
+
+Parsing builds the R3LightningCLI parser once (the real subclass, its trainer defaults and every
+dataclass/class signature) and stops before anything is instantiated, so no model is built, nothing
+is trained and no optional strategy package (deepspeed) is imported.
+
+Complete recipes (files that name ``data.suite``) are parsed alone; fragments (``configs/algorithms``,
+``configs/trainer``, ``configs/engine``, anything without a suite) are parsed stacked on the CPU
+quickstart recipe, exactly as ``r3l fit --config BASE --config FRAGMENT`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from r3lightning.cli import R3LightningCLI
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+BASE = CONFIGS / "examples" / "grpo_arithmetic_cpu.yaml"
+FRAGMENT_DIRS = {"algorithms", "trainer", "engine"}
+ALL_YAML = sorted(p for p in CONFIGS.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+class _Parsed(Exception):
+    """Raised from before_instantiate_classes to stop the CLI after parsing."""
+
+
+class _ParseOnlyCLI(R3LightningCLI):
+    def before_instantiate_classes(self) -> None:
+        raise _Parsed(self)
+
+
+@pytest.fixture(scope="module")
+def cli() -> R3LightningCLI:
+    try:
+        with mock.patch.object(sys, "argv", ["r3l"]):  # pytest's own argv would trigger a CLI warning
+            _ParseOnlyCLI(args=["fit", "--config", str(BASE)])
+    except _Parsed as stop:
+        return stop.args[0]
+    raise AssertionError("the CLI did not reach before_instantiate_classes")
+
+
+def _load(path: Path) -> dict:
+    with open(path) as handle:
+        return yaml.safe_load(handle) or {}
+
+
+def _is_fragment(path: Path) -> bool:
+    rel = path.relative_to(CONFIGS)
+    if rel.parts[0] in FRAGMENT_DIRS:
+        return True
+    data = _load(path).get("data") or {}
+    return "suite" not in data
+
+
+def _args_for(path: Path) -> list[str]:
+    if _is_fragment(path):
+        return ["fit", "--config", str(BASE), "--config", str(path)]
+    return ["fit", "--config", str(path)]
+
+
+def _parse_error(cli: R3LightningCLI, args: list[str]) -> str:
+    """stderr of a parse that must fail with a non-zero SystemExit."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        cli.parser.parse_args(args)
+    assert exit_info.value.code not in (0, None)
+    return err.getvalue()
+
+
+def _leaves(tree: dict, prefix: tuple = ()):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, prefix + (key,))
+        else:
+            yield prefix + (key,), value
+
+
+def _same(expected, actual) -> bool:
+    if isinstance(expected, list) and isinstance(actual, list):
+        return sorted(map(str, expected)) == sorted(map(str, actual))  # sets (FSDP wrap policy) lose order
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and isinstance(actual, (int, float)):
+        return float(expected) == float(actual)
+    return str(expected) == str(actual)
+
+
+def test_configs_exist():
+    names = {p.relative_to(CONFIGS).as_posix() for p in ALL_YAML}
+    for algo in ("grpo", "dr_grpo", "gspo", "rloo", "reinforce", "opmd", "raft"):
+        assert f"algorithms/{algo}.yaml" in names
+    for trainer in ("cpu", "gpu", "ddp", "fsdp", "deepspeed_zero2"):
+        assert f"trainer/{trainer}.yaml" in names
+    assert BASE.relative_to(CONFIGS).as_posix() in names
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: p.relative_to(CONFIGS).as_posix())
+def test_every_yaml_parses_and_its_keys_win(cli, path):
+    """The file parses (stacked on the base recipe when it is a fragment) and every value it sets is
+    the value in the resolved config: a later --config overrides exactly the keys it names."""
+    cfg = cli.parser.parse_args(_args_for(path))
+    resolved = yaml.safe_load(cli.parser.dump(cfg, skip_none=False))["fit"]
+    for key, expected in _leaves(_load(path)):
+        node = resolved
+        for part in key:
+            assert isinstance(node, dict) and part in node, f"{path.name}: {'.'.join(key)} missing after parsing"
+            node = node[part]
+        assert _same(expected, node), f"{path.name}: {'.'.join(key)} = {node!r}, the file sets {expected!r}"
+
+
+def test_stacking_overrides_only_the_keys_a_fragment_sets(cli):
+    """base <- gspo <- rloo <- command line: each layer replaces only what it names."""
+    cfg = cli.parser.parse_args(
+        [
+            "fit",
+            "--config", str(BASE),
+            "--config", str(CONFIGS / "algorithms" / "gspo.yaml"),
+            "--config", str(CONFIGS / "algorithms" / "rloo.yaml"),
+            "--model.algorithm.kl_coef", "0.01",
+        ]
+    ).fit
+    algo = cfg.model.algorithm
+    assert (algo.advantage, algo.policy_loss, algo.aggregation) == ("rloo", "pg", "seq_mean_token_sum")  # rloo
+    assert (algo.clip_eps_low, algo.clip_eps_high) == (3.0e-4, 4.0e-4)  # gspo's, rloo does not set them
+    assert algo.kl_coef == 0.01  # the command line comes last
+    assert cfg.model.optim.lr == 1.0e-4 and cfg.model.optim.micro_batch_size == 64  # the base recipe's
+    assert cfg.model.model.tiny.hidden_size == 128 and cfg.data.group_size == 8
+    assert cfg.trainer.max_steps == 60
+
+
+def test_trainer_fragments_stack_with_algorithm_fragments(cli):
+    cfg = cli.parser.parse_args(
+        [
+            "fit",
+            "--config", str(BASE),
+            "--config", str(CONFIGS / "trainer" / "cpu.yaml"),
+            "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
+            "--config", str(CONFIGS / "algorithms" / "dr_grpo.yaml"),
+        ]
+    ).fit
+    assert (cfg.trainer.accelerator, cfg.trainer.strategy, cfg.trainer.devices) == ("cpu", "ddp", 2)
+    assert cfg.trainer.use_distributed_sampler is False and str(cfg.trainer.precision) == "32"
+    assert cfg.model.algorithm.advantage == "dr_grpo" and cfg.trainer.max_steps == 60
+
+
+def test_print_config_shows_the_stacked_result(cli):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        cli.parser.parse_args(
+            ["fit", "--config", str(BASE), "--config", str(CONFIGS / "algorithms" / "raft.yaml"), "--print_config"]
+        )
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(out.getvalue())
+    assert printed["model"]["algorithm"]["advantage"] == "raft"
+    assert printed["model"]["algorithm"]["policy_loss"] == "pg"
+    assert printed["model"]["optim"]["sft_lr"] == 1.0e-3
+    assert printed["data"]["suite"]["class_path"] == "r3lightning.envs.math_env.MathSuite"
+
+
+def test_deepspeed_fragment_parses_without_importing_deepspeed(cli):
+    cfg = cli.parser.parse_args(_args_for(CONFIGS / "trainer" / "deepspeed_zero2.yaml")).fit
+    assert cfg.trainer.strategy == "deepspeed_stage_2"
+    assert "deepspeed" not in sys.modules
+
+
+def test_fsdp_fragment_builds_its_strategy(cli):
+    """The FSDP strategy's init_args are valid for FSDPStrategy (constructed on CPU; not set up)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    strategy_cfg = cli.parser.parse_args(_args_for(CONFIGS / "trainer" / "fsdp.yaml")).fit.trainer.strategy
+    init_args = dict(vars(strategy_cfg.init_args))
+    assert Qwen2DecoderLayer in init_args["auto_wrap_policy"]
+    strategy = FSDPStrategy(**init_args)
+    assert strategy.sharding_strategy.name == "FULL_SHARD"
+
+
+def test_cpu_ddp_trainer_uses_gloo(tmp_path, monkeypatch):
+    """cpu + ddp instantiate a 2-process DDP trainer on CPU whose process group backend is gloo."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["r3l"])
+    cli = R3LightningCLI(
+        args=[
+            "--config", str(BASE),
+            "--config", str(CONFIGS / "trainer" / "cpu.yaml"),
+            "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
+            "--trainer.logger", "false",
+            "--trainer.enable_progress_bar", "false",
+        ],
+        run=False,
+    )
+    trainer = cli.trainer
+    assert isinstance(trainer.strategy, DDPStrategy)
+    assert trainer.num_devices == 2 and trainer.world_size == 2
+    assert trainer.strategy._get_process_group_backend() == "gloo"
+
+
+def test_unknown_key_is_a_clear_error(cli, tmp_path):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  algorithm:\n    alpah: 2.0\n")
+    stderr = _parse_error(cli, ["fit", "--config", str(BASE), "--config", str(typo)])
+    assert "model.algorithm.alpah" in stderr
+    stderr = _parse_error(cli, ["fit", "--config", str(BASE), "--trainer.max_stepz", "3"])
+    assert "--trainer.max_stepz" in stderr
+
+
+def test_wrong_type_is_a_clear_error(cli, tmp_path):
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("model:\n  algorithm:\n    alpha: lots\n")
+    stderr = _parse_error(cli, ["fit", "--config", str(BASE), "--config", str(wrong)])
+    assert "model.algorithm.alpha" in stderr and "lots" in stderr
+    stderr = _parse_error(cli, ["fit", "--config", str(BASE), "--model.algorithm.advantage", "grpoo"])
+    assert "model.algorithm.advantage" in stderr and "dr_grpo" in stderr  # names the key and the choices
+    stderr = _parse_error(cli, ["fit", "--config", str(BASE), "--data.group_size", "eight"])
+    assert "data.group_size" in stderr
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_help_documents_fields_from_docstrings(cli):
+    """``r3l fit --help`` shows each field's docstring line (help text is wrapped, so compare flattened)."""
+    text = _flat(cli._subcommand_parsers["fit"].format_help())
+    for fragment in (
+        "--model.algorithm.alpha ALPHA amplification factor.",  # AlgorithmConfig
+        "value given to max-reward samples",  # AlgorithmConfig.max_reward_mode
+        "sequences per forward/backward pass.",  # OptimConfig.micro_batch_size
+        "target BPE vocabulary size",  # TinyModelSpec.vocab_size
+        "rollout budget per task (N in the papers).",  # RolloutDataModule.group_size
+    ):
+        assert fragment in text, f"--help lacks {fragment!r}"
+
+
+@pytest.mark.parametrize(
+    "suite, fragments",
+    [
+        ("r3lightning.envs.math_env.MathSuite", ["--data.suite.max_attempts", "answers per episode"]),
+        ("r3lightning.envs.textworld_procedural.ProceduralWorldSuite", ["--data.suite.difficulty", "locked container"]),
+    ],
+)
+def test_suite_help_documents_its_arguments(cli, suite, fragments):
+    """``r3l fit --data.suite.help CLASS`` prints the suite's constructor docs."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        cli.parser.parse_args(["fit", "--data.suite.help", suite])
+    assert exit_info.value.code in (0, None)
+    text = _flat(out.getvalue())
+    for fragment in fragments:
+        assert fragment in text

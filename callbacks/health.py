@@ -6,7 +6,8 @@ The module skips an optimizer step whose loss or gradient norm is not finite, co
 weights (the bad steps changed nothing) to ``<log_dir>/checkpoints/bad_steps_stop.ckpt`` and prints
 where it is, so nothing already trained is lost. It also watches the logged dynamics and warns —
 once per kind, printed and logged under ``health/*`` — about entropy collapse or explosion,
-response-length blow-up and a high rate of zero-variance groups (no learning signal).
+response-length blow-up, a high rate of zero-variance groups (no learning signal), prompts that do
+not fit in the context and rewards that fail.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from collections import defaultdict, deque
 from typing import Any, Optional
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
 from callbacks.monitor import log_dir_of
 
 BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
+EXCEPTION_CHECKPOINT = "exception.ckpt"
 
 
 class HealthWatchdog(L.Callback):
@@ -37,6 +40,9 @@ class HealthWatchdog(L.Callback):
       warning fires when it reaches ``length_growth_factor``.
     - ``health/zero_variance_groups``: mean ``train/zero_variance_group_rate`` above ``zero_variance_max``
       (most groups give no gradient: tasks too easy or too hard, or the policy collapsed).
+    - ``health/prompt_too_long``: some episodes of the step had a prompt longer than the context limit
+      (``rollout/prompt_too_long_rate`` > 0; they train nothing).
+    - ``health/reward_errors``: some rewards raised or timed out (``reward/error_rate`` > 0; masked).
 
     Flags are logged every step as 0/1 (the ratio as a number); each kind is printed once per run.
     ``health/consecutive_bad_steps`` is logged every step.
@@ -44,6 +50,8 @@ class HealthWatchdog(L.Callback):
     Args:
         save_checkpoint_on_bad_steps: save ``<log_dir>/checkpoints/bad_steps_stop.ckpt`` when the module stops
             after ``max_bad_steps`` consecutive non-finite steps.
+        save_checkpoint_on_exception: when training dies from an exception or Ctrl-C (one process only),
+            save what was trained so far to ``<log_dir>/checkpoints/exception.ckpt`` (best effort).
         window: RL steps the warnings average over.
         entropy_min: collapse threshold, nats per token.
         entropy_max: explosion threshold, nats per token (null: ``entropy_max_fraction`` · ln V).
@@ -55,6 +63,7 @@ class HealthWatchdog(L.Callback):
     def __init__(
         self,
         save_checkpoint_on_bad_steps: bool = True,
+        save_checkpoint_on_exception: bool = True,
         window: int = 10,
         entropy_min: float = 0.02,
         entropy_max: Optional[float] = None,
@@ -65,6 +74,7 @@ class HealthWatchdog(L.Callback):
         if window < 1:
             raise ValueError(f"HealthWatchdog: window must be >= 1, got {window}")
         self.save_checkpoint_on_bad_steps = save_checkpoint_on_bad_steps
+        self.save_checkpoint_on_exception = save_checkpoint_on_exception
         self.window = window
         self.entropy_min = entropy_min
         self.entropy_max = entropy_max
@@ -103,6 +113,26 @@ class HealthWatchdog(L.Callback):
             f"steps with non-finite loss or gradients (limit model.max_bad_steps={pl_module.max_bad_steps}; "
             f"{getattr(pl_module, 'skipped_steps', bad)} skipped in total, see train/skipped_steps).{saved} "
             "Usual causes: a learning rate too high, fp16 overflow, or bad data."
+        )
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Best-effort save of the weights trained so far when training dies (or is interrupted with
+        Ctrl-C) in a single process, to ``<log_dir>/checkpoints/exception.ckpt``. The step that was
+        running is lost: a resume continues at the next batch. Under several ranks nothing is saved
+        (saving is collective and the other ranks may be elsewhere)."""
+        if not self.save_checkpoint_on_exception or trainer.world_size > 1 or trainer.global_step == 0:
+            return
+        if trainer.state.fn != TrainerFn.FITTING or self.stop_checkpoint:
+            return
+        path = os.path.join(log_dir_of(trainer), "checkpoints", EXCEPTION_CHECKPOINT)
+        try:
+            trainer.save_checkpoint(path)
+        except Exception as err:  # never mask the original error
+            _print(f"[r3lightning] health: could not save {path} after {type(exception).__name__}: {err}")
+            return
+        _print(
+            f"[r3lightning] health: training stopped by {type(exception).__name__} at global step {trainer.global_step}; "
+            f"the weights trained so far are saved in {path} (resume with --ckpt_path {path})."
         )
 
     # ---- dynamics warnings ------------------------------------------------------------------------
@@ -159,6 +189,23 @@ class HealthWatchdog(L.Callback):
                     f"{self.window} RL steps, above {100 * self.zero_variance_max:.0f}% (tasks too easy or too hard "
                     "for the policy, or a collapsed policy; consider a larger group_size or other tasks).",
                 )
+        too_long = float(metrics.get("rollout/prompt_too_long_rate", 0.0))
+        out["health/prompt_too_long"] = float(too_long > 0)
+        if too_long > 0:
+            limit = getattr(getattr(getattr(trainer, "datamodule", None), "agent", None), "max_context_tokens", "?")
+            self._warn(
+                "prompt_too_long",
+                f"{100 * too_long:.0f}% of this step's episodes had a prompt longer than data.agent.max_context_tokens "
+                f"({limit}); they ended before their first turn and train nothing (rollout/prompt_too_long_rate).",
+            )
+        errors = float(metrics.get("reward/error_rate", 0.0))
+        out["health/reward_errors"] = float(errors > 0)
+        if errors > 0:
+            self._warn(
+                "reward_errors",
+                f"{100 * errors:.0f}% of this step's samples had a reward that raised or timed out; they are masked "
+                "out of the loss (reward/error_rate; the error text is in each trajectory's info['env_error']).",
+            )
         if self.warned:
             out["health/warnings"] = float(len(self.warned))
         return out

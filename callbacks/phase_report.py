@@ -36,6 +36,8 @@ class PhaseReport(L.Callback):
         }
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # log_dir is a collective call under DDP: every rank must ask before rank 0 goes on alone.
+        log_dir = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero or not self.records:
             return
         summary = self.summary()
@@ -48,7 +50,6 @@ class PhaseReport(L.Callback):
                     f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
                 )
         print("\n".join(lines), flush=True)
-        log_dir = trainer.log_dir or trainer.default_root_dir
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, "phase_report.json"), "w") as handle:
             json.dump(summary, handle, indent=2)

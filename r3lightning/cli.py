@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
+import yaml
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 
+from callbacks.health import HealthWatchdog
+from callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
 from callbacks.phase_report import PhaseReport
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
@@ -26,18 +30,55 @@ TRAINER_DEFAULTS = {
 }
 
 
+MONITORING_CALLBACKS = (TrainingDynamicsMonitor, HealthWatchdog, RolloutSampleLogger)
+
+
+def check_config_files(args) -> None:
+    """Exit with a clear message naming the file, line and column when a ``--config`` file is not valid YAML
+    (jsonargparse would report the problem inside "<unicode string>", without the file's name)."""
+    if not isinstance(args, (list, tuple)):
+        return
+    paths = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif isinstance(arg, str) and arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    for path in paths:
+        if not os.path.isfile(path):
+            continue  # jsonargparse reports missing files itself
+        try:
+            with open(path) as handle:
+                yaml.safe_load(handle)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err)
+            print(f"r3l: error: config file {path!r} is not valid YAML{where}: {problem}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 class R3LightningCLI(LightningCLI):
     """LightningCLI with r3lightning's module and datamodule and sensible RL defaults.
 
     The phase report (validation success after warm-start and after RL) is always on, and a rich
     progress bar unless ``trainer.enable_progress_bar`` is false; further callbacks come from
-    ``trainer.callbacks`` in the config.
+    ``trainer.callbacks`` in the config. The training-dynamics monitor, the health watchdog and the
+    rollout sample logger (docs/monitoring.md) are added with their defaults unless the config
+    names its own instance of that class.
     """
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
         if config.get("enable_progress_bar", True) is not False:
             callbacks = [*callbacks, RichProgressBar()]
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        callbacks = [*callbacks, *(cls() for cls in MONITORING_CALLBACKS if not any(isinstance(c, cls) for c in configured))]
         return super()._instantiate_trainer(config, callbacks)
+
+    def parse_arguments(self, parser, args) -> None:
+        check_config_files(args if args is not None else sys.argv[1:])
+        super().parse_arguments(parser, args)
 
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(
@@ -45,14 +86,30 @@ class R3LightningCLI(LightningCLI):
             RolloutDataModule,
             trainer_defaults=TRAINER_DEFAULTS,
             save_config_kwargs={"overwrite": True},
+            # The module owns its optimizer (manual optimization, phase-dependent learning rate).
+            auto_configure_optimizers=False,
             args=args,
             run=run,
         )
 
 
 def main(args: list[str] | None = None) -> None:
+    """Entry point of ``r3l``. Bad input (``ValueError``/``OSError``: a missing model directory, an empty or
+    malformed dataset, a bad setting) ends with its one-line message and where it was raised, exit status 1;
+    set ``R3L_TRACEBACK=1`` for the full traceback."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    R3LightningCLI(args=args if args is not None else sys.argv[1:])
+    try:
+        R3LightningCLI(args=args if args is not None else sys.argv[1:])
+    except (ValueError, OSError) as err:
+        if os.environ.get("R3L_TRACEBACK", "0") not in ("", "0"):
+            raise
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        print(
+            f"r3l: error: {err}\n  ({type(err).__name__} raised at {frame.filename}:{frame.lineno}; "
+            "set R3L_TRACEBACK=1 for the full traceback)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

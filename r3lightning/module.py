@@ -320,8 +320,9 @@ class R3LightningModule(L.LightningModule):
 
     def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs [b, T-1] of tokens 1.., logits [b, T-1, V]) at the sampling temperature."""
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logits = logits[:, :-1] / self.sampling_temperature
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        if self.sampling_temperature != 1.0:
+            logits = logits / self.sampling_temperature
         return algos.selective_log_softmax(logits, batch.input_ids[:, 1:]), logits
 
     @torch.no_grad()
@@ -337,6 +338,8 @@ class R3LightningModule(L.LightningModule):
         for start in range(0, len(experience), size):
             micro = experience.slice(start, start + size).to(self.device)
             cols = micro.input_ids.shape[1]
+            if cols < 2:  # no token to score (episodes that ended before their first turn)
+                continue
             if cfg.recompute_old_logprobs:
                 logp, _ = self.sequence_logprobs(self.policy, micro)
                 experience.old_logprobs[start : start + size, 1:cols] = logp.float().cpu()
@@ -384,14 +387,21 @@ class R3LightningModule(L.LightningModule):
         return stats
 
     def _maybe_no_sync(self, sync: bool):
+        """Skip DDP's gradient all-reduce on all but the last micro-batch. Not under FSDP, where
+        no_sync would keep full unsharded gradients on every rank."""
         model = self.trainer.model
-        if sync or not hasattr(model, "no_sync"):
+        if sync or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return contextlib.nullcontext()
         return model.no_sync()
 
     def micro_batch_loss(self, micro: ExperienceBatch, totals: dict[str, float]) -> dict[str, torch.Tensor]:
         """Loss terms of one micro-batch, each already divided by the global counts."""
         cfg = self.algorithm
+        if micro.input_ids.shape[1] < 2:
+            # Nothing to predict (every episode here ended before its first token: prompts longer than the
+            # context). A zero loss through an ordinary forward keeps DDP/FSDP gradient reduction in step.
+            dummy = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
+            return {"loss": self.policy(input_ids=dummy, attention_mask=torch.ones_like(dummy)).logits.sum() * 0.0}
         logp, logits = self.sequence_logprobs(self.policy, micro)
         mask = micro.loss_mask[:, 1:]
         sft_mask = micro.sft_mask[:, 1:]
@@ -419,7 +429,11 @@ class R3LightningModule(L.LightningModule):
                 out["kl_ref_sum"] = (kl.detach() * mask).sum()
         if totals["sft_tokens"] > 0:
             weight = cfg.sft_weight if self.phase == "rl" else 1.0
-            nll = algos.aggregate(algos.sft_nll(logp), sft_mask, "token_mean", totals["sft_tokens"], 1.0)
+            sft_logp = logp
+            if self.sampling_temperature != 1.0:
+                # The SFT head fits the model's own distribution, not the tempered sampling one.
+                sft_logp = algos.selective_log_softmax(logits * self.sampling_temperature, micro.input_ids[:, 1:])
+            nll = algos.aggregate(algos.sft_nll(sft_logp), sft_mask, "token_mean", totals["sft_tokens"], 1.0)
             out["loss_sft"] = weight * nll
         if self.log_entropy:
             with torch.no_grad():
@@ -431,9 +445,15 @@ class R3LightningModule(L.LightningModule):
         return out
 
     def _finish_update(self, optimizer, sums: dict[str, float]) -> dict[str, float]:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
         clip = self.optim_config.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        max_norm = clip if clip > 0 else float("inf")
+        wrapped = self.trainer.model
+        if hasattr(wrapped, "clip_grad_norm_"):
+            # FSDP: the norm must be reduced over shards, which only the wrapper knows how to do.
+            grad_norm = wrapped.clip_grad_norm_(max_norm)
+        else:
+            params = [p for p in self.policy.parameters() if p.requires_grad]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         finite = math.isfinite(sums.get("loss", 0.0)) and bool(torch.isfinite(grad_norm))
         stats = {
             "train/loss": sums.get("loss", 0.0),

@@ -137,7 +137,7 @@ class ExperienceBatch:
     sft_mask: 1 on tokens trained by the SFT head.
     turn_index: index of the turn that generated each assistant token, -1 elsewhere.
     advantages: per-token advantage (the sequence's advantage broadcast on its loss tokens).
-    rewards, seq_origin_ids: [B] per-sequence metadata; ``origins`` and ``task_ids`` are lists.
+    rewards: [B] per-sequence reward; ``origins`` and ``task_ids`` are per-sequence lists.
     """
 
     input_ids: torch.Tensor

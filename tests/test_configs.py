@@ -85,7 +85,14 @@ def _leaves(tree: dict, prefix: tuple = ()):
 
 
 def _same(expected, actual) -> bool:
+    """``actual`` (resolved, defaults filled in) agrees with every value ``expected`` (the file) sets."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and _same(v, actual[k]) for k, v in expected.items())
     if isinstance(expected, list) and isinstance(actual, list):
+        if len(expected) != len(actual):
+            return False
+        if any(isinstance(e, (dict, list)) for e in expected):  # e.g. callbacks: compare in order
+            return all(_same(e, a) for e, a in zip(expected, actual))
         return sorted(map(str, expected)) == sorted(map(str, actual))  # sets (FSDP wrap policy) lose order
     if isinstance(expected, (int, float)) and not isinstance(expected, bool) and isinstance(actual, (int, float)):
         return float(expected) == float(actual)

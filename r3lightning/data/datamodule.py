@@ -93,7 +93,8 @@ class RolloutDataModule(L.LightningDataModule):
         group_size: rollout budget per task (N in the papers).
         tasks_per_step: tasks per optimizer step on each rank.
         sampling: sampling parameters for training rollouts.
-        val_sampling: sampling parameters for sampled validation (greedy validation uses temperature 0).
+        val_sampling: sampling parameters of validation episodes; the greedy pass uses them with
+            temperature 0.
         agent: how episodes are played (action format, context limit, step timeout...).
         demos: where SFT warm-start demonstrations come from.
         val_tasks_per_batch: validation tasks per batch.
@@ -184,8 +185,8 @@ class RolloutDataModule(L.LightningDataModule):
         params = SamplingParams(
             temperature=0.0 if greedy else self.val_sampling.temperature,
             top_p=self.val_sampling.top_p,
-            max_new_tokens=self.sampling.max_new_tokens,
-            stop=list(self.sampling.stop),
+            max_new_tokens=self.val_sampling.max_new_tokens,
+            stop=list(self.val_sampling.stop),
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 17)

@@ -33,6 +33,10 @@ def trajectory_metrics(groups: list[Group], success_threshold: float = 1.0) -> d
             [t.info.get("invalid_actions", 0) / max(len(t.turns), 1) for t in trajectories]
         ),
         "rollout/env_error_rate": _mean([float(t.info.get("end_reason") == "env_error") for t in trajectories]),
+        # Episodes whose first prompt did not fit in agent.max_context_tokens (no turn was played).
+        "rollout/prompt_too_long_rate": _mean(
+            [float(not t.turns and t.info.get("end_reason") == "context_limit") for t in trajectories]
+        ),
     }
     by_origin: dict[str, list[float]] = defaultdict(list)
     success_by_origin: dict[str, list[float]] = defaultdict(list)

@@ -61,8 +61,6 @@ def parse_reflection(text: str, num_turns: int) -> tuple[Optional[Reflection], s
         raw = json.loads(text[start : end + 1])
     except (ValueError, RecursionError):
         return None, "bad_json"
-    if not isinstance(raw, dict):
-        return None, "not_object"
     if any(name not in raw for name in REFLECTION_FIELDS):
         return None, "missing_field"
     if any(not isinstance(raw[name], str) for name in REFLECTION_FIELDS[:4]):
@@ -85,13 +83,14 @@ def parse_reflection(text: str, num_turns: int) -> tuple[Optional[Reflection], s
 
 
 def transcript(trajectory: Trajectory) -> str:
-    """The trajectory as the reflection prompt shows it: observation, action, feedback per step."""
-    lines = []
+    """The trajectory as the reflection prompt shows it: the first observation (it states the task),
+    then one line per step with the action and the environment's feedback. Later observations are
+    left out to keep the prompt short; the feedback carries what reflection needs."""
+    if not trajectory.turns:
+        return "(no steps)"
+    lines = [trajectory.turns[0].observation]
     for i, turn in enumerate(trajectory.turns):
-        lines.append(f"Step {i} observation: {turn.observation}")
-        lines.append(f"Step {i} action: {turn.action or '(none)'}")
-        if turn.feedback:
-            lines.append(f"Step {i} feedback: {turn.feedback}")
+        lines.append(f"Step {i}: {turn.action or '(no valid action)'} -> {turn.feedback or '(no feedback)'}")
     return "\n".join(lines)
 
 

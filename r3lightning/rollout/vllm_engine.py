@@ -383,8 +383,13 @@ class VLLMEngine:
         args.update(extra_args or {})
         self._vllm = vllm
         start = time.perf_counter()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         with _preserve_rng():
             self.llm = vllm.LLM(**args)
+        if torch.get_num_threads() != threads:
+            # vLLM's GPU worker drops torch to one intra-op thread for its serving loop; in-process
+            # that would also slow the trainer's CPU work, so the trainer's setting is restored.
+            set_threads(threads)
         self.startup_s = time.perf_counter() - start
         self._tmpdir: Optional[tempfile.TemporaryDirectory] = None
 

@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks.health import BAD_STEPS_CHECKPOINT, HealthWatchdog
+from callbacks.health import BAD_STEPS_CHECKPOINT, EXCEPTION_CHECKPOINT, HealthWatchdog
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import ModelConfig, TinyModelSpec
@@ -105,6 +105,23 @@ def test_too_many_bad_steps_stop_with_checkpoint_and_message(tmp_path, capsys):
     # The checkpoint holds the last good weights: the bad steps did not touch them.
     for name, value in good.items():
         torch.testing.assert_close(saved["state_dict"][f"policy.{name}"], value, rtol=0, atol=0)
+
+
+def test_exception_mid_training_saves_what_was_trained(tmp_path, capsys):
+    module, dm = make()
+    original = module.micro_batch_loss
+
+    def crash_on_third_batch(micro, totals):
+        if dm.cursor - 1 == 2:
+            raise RuntimeError("simulated crash")
+        return original(micro, totals)
+
+    module.micro_batch_loss = crash_on_third_batch
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer(5, tmp_path, [HealthWatchdog()]).fit(module, dm)
+    path = tmp_path / "checkpoints" / EXCEPTION_CHECKPOINT
+    assert torch.load(path, weights_only=False)["global_step"] == 2
+    assert f"saved in {path}" in capsys.readouterr().out
 
 
 def test_dynamics_warnings_print_once_and_log_flags(tmp_path, capsys):

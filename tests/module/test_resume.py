@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from callbacks.health import HealthWatchdog
 from callbacks.monitor import TrainingDynamicsMonitor
 from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.envs.math_env import MathSuite
+from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.models import ModelConfig, TinyModelSpec
 from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
@@ -20,9 +20,37 @@ SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_ke
 N = 2
 
 
+class DigitEnv:
+    """Reward 1 when the response contains a digit: a random tiny policy gets mixed rewards, so every
+    RL step has a real learning signal (arithmetic would give all-zero rewards before much training)."""
+
+    def reset(self, task):
+        return task.prompt
+
+    def step(self, action):
+        success = any(c.isdigit() for c in action)
+        return StepResult("", float(success), True, {"feedback": "", "success": success})
+
+
+class DigitSuite(TaskSuite):
+    system_prompt, max_turns = "Answer with a number.", 1
+
+    def make_env(self):
+        return DigitEnv()
+
+    def train_task(self, index):
+        return Task(f"digit#{index}", f"Say a number above {index % 7}.", answer=str(index % 7 + 1))
+
+    def val_tasks(self):
+        return [self.train_task(0)]
+
+    def demonstration(self, task):
+        return [task.answer]
+
+
 def make(spec=SPEC):
     dm = RolloutDataModule(
-        MathSuite(source="arithmetic", num_val_tasks=4, instruction=""),
+        DigitSuite(),
         group_size=4,
         tasks_per_step=2,
         sampling=SamplingParams(max_new_tokens=6),
@@ -87,7 +115,8 @@ def test_two_n_steps_equal_n_plus_resume_plus_n(straight_run):
     assert sorted(resumed_rows) == list(range(N + 1, 2 * N + 1))
     # Same tasks and the same logged rewards at every resumed step.
     assert resumed_rows == {k: v for k, v in straight_run.rows.items() if k > N}
-    assert all(reward is not None for reward, _ in resumed_rows.values())
+    rewards = [reward for reward, _ in straight_run.rows.values() if reward is not None]
+    assert len(rewards) == 2 * N - 1 and len(set(rewards)) > 1 and 0 < sum(rewards)
     assert resumed_dm.cursor == straight_run.dm.cursor == 2 * N
     assert resumed.engine.weight_version == straight_run.module.engine.weight_version
     a, b = params(straight_run.module), params(resumed)

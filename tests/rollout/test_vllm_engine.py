@@ -212,7 +212,10 @@ def test_sampled_logprobs_are_the_trainers(engines, tokenizer):
     for temperature in (1.0, 0.7):
         params = SamplingParams(temperature=temperature, max_new_tokens=10)
         out = vllm_engine.generate(prompts, params)
-        assert all(g.finish_reason == "length" and len(g.token_ids) == 10 for g in out)
+        for g in out:  # the budget, or the end-of-turn token (which a random model may sample)
+            assert (g.finish_reason, len(g.token_ids)) == ("length", 10) or (
+                g.finish_reason == "stop" and g.token_ids[-1] == tokenizer.eos_token_id
+            )
         assert len({tuple(g.token_ids) for g in out[::2]}) > 1
         reference = trainer_logprobs(policy, prompts, [g.token_ids for g in out], temperature)
         assert max_diff(out, reference) < 1e-4
@@ -229,7 +232,8 @@ def test_weights_follow_optimizer_steps_after_sync(engines, tokenizer):
     try:
         # No sync yet: vLLM still samples from the old weights, which the trainer no longer holds.
         stale = vllm_engine.generate(prompts, greedy)
-        assert [g.logprobs for g in stale] == pytest.approx([g.logprobs for g in before], abs=1e-6)
+        assert [g.token_ids for g in stale] == [g.token_ids for g in before]
+        assert max_diff(stale, [torch.tensor(g.logprobs) for g in before]) < 1e-6
         assert max_diff(stale, trainer_logprobs(trained, prompts, [g.token_ids for g in stale])) > 1e-2
         sent = sync(vllm_engine, trained, bucket_bytes=32 << 10)  # many buckets
         assert sent >= sum(p.numel() * 4 for p in trained.parameters())  # + the tied LM head

@@ -1,0 +1,264 @@
+"""Rollout throughput of the ``hf`` and ``vllm`` engines, and vLLM weight-sync time vs model size.
+
+    python benchmarks/rollout_throughput.py --out benchmarks/results/rollout_throughput_cpu.json
+    python benchmarks/rollout_throughput.py --preset gpu-0.5b --out $OUT/rollout_throughput_gpu.json
+
+Generated tokens/s (sampled at temperature 1, prompts of random token ids) at several batch sizes for
+both engines on a random-init Qwen2 model built from a config (no downloads), then the time of one
+full weight sync (``iter_policy_weights`` -> buckets -> ``VLLMEngine.load_weights``, as the
+``VLLMWeightSync`` callback does it) for models of increasing size. Writes one JSON object:
+``{"benchmark", "figures", "config", "machine"}``; figure names carry their units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from r3lightning.models import build_tokenizer  # noqa: E402
+from r3lightning.rollout.engine import SamplingParams  # noqa: E402
+from r3lightning.rollout.hf_engine import HFEngine  # noqa: E402
+
+# name -> (hidden, layers, heads, kv heads, intermediate, vocab (0: the tokenizer's), tied)
+MODELS = {
+    "cpu-5m": (256, 6, 8, 4, 768, 0, True),
+    "cpu-20m": (512, 6, 16, 8, 1536, 0, True),
+    "cpu-80m": (1024, 6, 32, 8, 3072, 0, True),
+    "qwen2-0.5b-6l": (896, 6, 14, 2, 4864, 151936, True),
+    "qwen2-0.5b-12l": (896, 12, 14, 2, 4864, 151936, True),
+    "qwen2-0.5b": (896, 24, 14, 2, 4864, 151936, True),
+}
+PRESETS = {
+    "cpu": dict(model="cpu-5m", batches=[8, 32, 128], sync_models=["cpu-5m", "cpu-20m", "cpu-80m"], dtype="float32", device="cpu"),
+    "gpu-0.5b": dict(model="qwen2-0.5b", batches=[8, 32, 128], sync_models=["qwen2-0.5b-6l", "qwen2-0.5b-12l", "qwen2-0.5b"], dtype="bfloat16", device="cuda"),
+}
+
+
+def build_model(name: str, tokenizer, dtype: str, device: str):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    hidden, layers, heads, kv, inter, vocab, tied = MODELS[name]
+    config = Qwen2Config(
+        vocab_size=vocab or len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=2048, tie_word_embeddings=tied,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.to(device).eval()
+
+
+def make_prompts(tokenizer, n: int, length: int, seed: int) -> list[list[int]]:
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    g = torch.Generator().manual_seed(seed)
+    return [[ids[int(j)] for j in torch.randint(len(ids), (length,), generator=g)] for _ in range(n)]
+
+
+def tokens_per_s(engine, prompts, params) -> tuple[float, int, float]:
+    torch.manual_seed(0)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = engine.generate(prompts, params)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(g.token_ids) for g in out)
+    return tokens / seconds, tokens, seconds
+
+
+def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False):
+    from r3lightning.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine.from_policy(
+        policy, tokenizer, max_batch_size=max(args.batches), dtype=dtype, kv_cache_gb=args.kv_cache_gb,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.prompt_len + args.new_tokens + 16,
+        enforce_eager=args.enforce_eager, sleep_mode=sleep_mode,
+    )
+
+
+def sync_seconds(engine, policy, bucket_mb: int) -> tuple[float, int]:
+    from r3lightning.rollout.vllm_engine import iter_policy_weights, iter_weight_buckets
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    buckets = iter_weight_buckets(iter_policy_weights(policy), bucket_mb << 20, device=engine.device)
+    sent = engine.load_weights(item for bucket in buckets for item in bucket)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, sent
+
+
+def machine() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        import vllm
+
+        info["vllm"] = vllm.__version__
+    except Exception as err:  # noqa: BLE001
+        info["vllm"] = f"unavailable: {err}"
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="where to write the JSON result")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--bucket-mb", type=int, default=512)
+    parser.add_argument("--kv-cache-gb", type=float, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--skip-hf", action="store_true", help="only the vllm engine")
+    args = parser.parse_args()
+    preset = PRESETS[args.preset]
+    args.batches = preset["batches"]
+    device, dtype = preset["device"], preset["dtype"]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--preset {args.preset} needs a CUDA device")
+
+    corpus = [f"What is {a} + {b}? The answer is \\boxed{{{a + b}}}." for a in range(60) for b in range(0, 60, 7)]
+    tokenizer = build_tokenizer(corpus, 1024)
+    policy = build_model(preset["model"], tokenizer, dtype, device)
+    num_params = sum(p.numel() for p in policy.parameters())
+    prompts = make_prompts(tokenizer, max(args.batches), args.prompt_len, seed=0)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
+    figures: dict[str, float] = {}
+    errors: list[str] = []
+
+    if not args.skip_hf:
+        hf = HFEngine(policy, tokenizer, max_batch_size=max(args.batches))
+        hf.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=4))  # warm-up
+        for batch in args.batches:
+            rate, tokens, seconds = tokens_per_s(hf, prompts[:batch], params)
+            figures[f"hf_tokens_per_s_batch{batch}"] = round(rate, 1)
+            figures[f"hf_generate_s_batch{batch}"] = round(seconds, 3)
+            print(f"hf    batch {batch:4d}: {rate:10.1f} tok/s ({tokens} tokens, {seconds:.2f} s)", flush=True)
+        del hf
+
+    start = time.perf_counter()
+    engine = vllm_engine(policy, tokenizer, args, dtype, sleep_mode=device == "cuda")
+    figures["vllm_startup_s"] = round(time.perf_counter() - start, 2)
+    engine.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=4))  # warm-up
+    for batch in args.batches:
+        rate, tokens, seconds = tokens_per_s(engine, prompts[:batch], params)
+        figures[f"vllm_tokens_per_s_batch{batch}"] = round(rate, 1)
+        figures[f"vllm_generate_s_batch{batch}"] = round(seconds, 3)
+        print(f"vllm  batch {batch:4d}: {rate:10.1f} tok/s ({tokens} tokens, {seconds:.2f} s)", flush=True)
+    for batch in args.batches:
+        if f"hf_tokens_per_s_batch{batch}" in figures:
+            figures[f"vllm_over_hf_speedup_batch{batch}"] = round(
+                figures[f"vllm_tokens_per_s_batch{batch}"] / figures[f"hf_tokens_per_s_batch{batch}"], 2
+            )
+    if engine.sleep_mode:
+        try:
+            t0 = time.perf_counter()
+            engine.sleep()
+            t1 = time.perf_counter()
+            engine.wake_up()
+            figures["vllm_sleep_s"] = round(t1 - t0, 3)
+            figures["vllm_wake_s"] = round(time.perf_counter() - t1, 3)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"sleep/wake: {err!r}")
+    engine.close()
+    del engine
+    gc.collect()
+
+    sync_models = {}
+    for name in preset["sync_models"]:
+        try:
+            model = policy if name == preset["model"] else build_model(name, tokenizer, dtype, device)
+            n = sum(p.numel() for p in model.parameters())
+            eng = vllm_engine(model, tokenizer, args, dtype)
+            sync_seconds(eng, model, args.bucket_mb)  # warm-up
+            runs = [sync_seconds(eng, model, args.bucket_mb) for _ in range(3)]
+            seconds = statistics.median(s for s, _ in runs)
+            sent = runs[0][1]
+            figures[f"sync_s_{name}"] = round(seconds, 4)
+            figures[f"sync_params_{name}"] = n
+            figures[f"sync_gb_per_s_{name}"] = round(sent / seconds / 1e9, 3)
+            sync_models[name] = {"params": n, "bytes_sent": sent}
+            print(f"sync  {name:16s}: {n / 1e6:8.1f} M params, {sent / 2**20:8.1f} MiB in {seconds:.3f} s", flush=True)
+            eng.close()
+            del eng, model
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"sync {name}: {err!r}")
+            print(f"sync  {name}: failed: {err!r}", flush=True)
+    sizes = [(sync_models[m]["params"] / 1e6, figures[f"sync_s_{m}"]) for m in sync_models]
+    if len(sizes) >= 2:
+        # Least squares: sync_s = fixed + slope * million params.
+        mx, my = statistics.fmean(x for x, _ in sizes), statistics.fmean(y for _, y in sizes)
+        var = sum((x - mx) ** 2 for x, _ in sizes)
+        slope = sum((x - mx) * (y - my) for x, y in sizes) / var if var else 0.0
+        figures["sync_fit_ms_per_million_params"] = round(slope * 1e3, 4)
+        figures["sync_fit_fixed_s"] = round(my - slope * mx, 4)
+
+    result = {
+        "benchmark": "rollout_throughput",
+        "figures": figures,
+        "config": {
+            "preset": args.preset,
+            "model": preset["model"],
+            "model_shape": dict(zip(("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "tied"), MODELS[preset["model"]])),
+            "params": num_params,
+            "dtype": dtype,
+            "device": device,
+            "batches": args.batches,
+            "prompt_tokens": args.prompt_len,
+            "max_new_tokens": args.new_tokens,
+            "temperature": 1.0,
+            "vllm_enforce_eager": args.enforce_eager,
+            "vllm_kv_cache_gb": args.kv_cache_gb,
+            "bucket_mb": args.bucket_mb,
+            "sync_models": sync_models,
+            "errors": errors,
+            "env": {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS")},
+        },
+        "machine": machine(),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["figures"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

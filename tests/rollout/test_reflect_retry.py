@@ -1,0 +1,186 @@
+"""R³L: reflection parsing, retry from the pivot, context distillation, meta-tasks, pivotal credit."""
+
+import json
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from r3lightning.data.collate import collate_experience
+from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
+from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill, parse_reflection
+from r3lightning.rollout.hf_engine import HFEngine
+
+VALID = {
+    "trajectory_summary": "s",
+    "root_cause_analysis": "r",
+    "trajectory_outcome": "failure",
+    "improvement_suggestion": "i",
+    "retry_from_step": 1,
+}
+
+
+def test_parse_valid_with_surrounding_text_and_coercion():
+    text = "Sure! " + json.dumps({**VALID, "retry_from_step": "2"}) + " hope it helps"
+    reflection, reason = parse_reflection(text, num_turns=3)
+    assert reason == "" and reflection.retry_from_step == 2
+    assert parse_reflection(json.dumps({**VALID, "retry_from_step": 1.0}), 3)[0].retry_from_step == 1
+
+
+def test_parse_rejections_name_the_reason():
+    cases = {
+        "no json here": "no_json",
+        "{not json}": "bad_json",
+        json.dumps({k: v for k, v in VALID.items() if k != "root_cause_analysis"}): "missing_field",
+        json.dumps({**VALID, "trajectory_outcome": "meh"}): "bad_outcome",
+        json.dumps({**VALID, "retry_from_step": 3}): "step_out_of_range",
+        json.dumps({**VALID, "retry_from_step": -1}): "step_out_of_range",
+        json.dumps({**VALID, "retry_from_step": 1.5}): "wrong_type",
+        json.dumps({**VALID, "retry_from_step": True}): "wrong_type",
+        json.dumps({**VALID, "retry_from_step": "two"}): "wrong_type",
+        json.dumps({**VALID, "improvement_suggestion": 7}): "wrong_type",
+        json.dumps([VALID]): "",  # first "{" to last "}" is the inner object: accepted
+    }
+    for text, reason in cases.items():
+        reflection, got = parse_reflection(text, num_turns=3)
+        assert got == reason and (reflection is None) == bool(reason), text
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200), st.integers(min_value=0, max_value=10))
+def test_parse_never_raises_on_arbitrary_text(text, turns):
+    reflection, reason = parse_reflection(text, turns)
+    assert (reflection is None) == bool(reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({}, optional={k: json_values for k in VALID}), st.integers(min_value=0, max_value=6))
+def test_parse_never_raises_on_fuzzed_fields(fields, turns):
+    reflection, _ = parse_reflection("x" + json.dumps(fields) + "y", turns)
+    if reflection is not None:
+        assert 0 <= reflection.retry_from_step < max(turns, 1)
+        assert isinstance(reflection.retry_from_step, int)
+
+
+class ScriptedReflectionEngine:
+    """Answers reflection prompts with a fixed JSON and game turns with fixed actions."""
+
+    def __init__(self, tokenizer, reflection, action="look"):
+        self.tokenizer, self.reflection, self.action = tokenizer, reflection, action
+        self.weight_version = 0
+
+    def generate(self, prompts, params):
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            reply = self.reflection if "Review this attempt" in text else f"<action>{self.action}</action>"
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
+        return out
+
+
+def test_explorer_retries_from_pivot_and_distills_without_guidance(world_suite, world_tokenizer):
+    reflection = json.dumps({**VALID, "improvement_suggestion": "GUIDANCE-MARKER", "retry_from_step": 1})
+    engine = ScriptedReflectionEngine(world_tokenizer, reflection)
+    loop = AgentLoop(world_suite, engine, world_tokenizer)
+    tasks = [world_suite.train_task(0), world_suite.train_task(1)]
+    out = ReflectRetryExplorer().explore(tasks, loop, group_size=4, params=SamplingParams())
+    assert [len(g) for g in out.groups] == [4, 4]  # 2 base + 2 distilled per task
+    for group in out.groups:
+        base = [t for t in group if t.origin == "base"]
+        distilled = [t for t in group if t.origin == "distilled"]
+        assert len(base) == 2 and len(distilled) == 2
+        for b, d in zip(base, distilled):
+            assert b.pivot == d.pivot == 1
+            assert d.turns[0] is b.turns[0]  # the replayed prefix keeps its original tokens
+            text = world_tokenizer.decode(d.token_ids())
+            assert "GUIDANCE-MARKER" not in text and "Guidance" not in text
+            assert text.count("<|im_start|>user") == len(d.turns)  # one observation per turn: the pivot's shown once
+            assert d.turns[1].context_ids == b.turns[1].context_ids  # and exactly as the base saw it
+    assert out.metrics["rollout/reflection_invalid_rate"] == 0.0
+    assert out.metrics["rollout/pivot_position"] == 0.25
+    assert out.metrics["rollout/retry_tokens_saved"] > 0
+    assert out.sft == []  # a "look" retry never improves: no meta-tasks
+
+
+def test_pivotal_mask_on_base_distilled_pair(world_suite, world_tokenizer):
+    reflection = json.dumps({**VALID, "retry_from_step": 2})
+    loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, reflection), world_tokenizer)
+    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=2, params=SamplingParams())
+    base, distilled = out.groups[0].trajectories
+    batch = collate_experience([base, distilled], [1.0, 1.0], world_tokenizer.pad_token_id, pivotal_credit=True)
+    for row in range(2):
+        trained = batch.turn_index[row][batch.loss_mask[row].bool()]
+        assert trained.min() == 2 and set(trained.tolist()) == {2, 3}
+    plain = collate_experience([base], [1.0], world_tokenizer.pad_token_id, pivotal_credit=False)
+    assert set(plain.turn_index[0][plain.loss_mask[0].bool()].tolist()) == {0, 1, 2, 3}
+
+
+def test_invalid_reflection_means_no_retry_and_is_counted(world_suite, world_tokenizer):
+    loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, "I have no idea"), world_tokenizer)
+    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=4, params=SamplingParams())
+    assert [t.origin for t in out.groups[0]] == ["base", "base"]
+    assert out.metrics["rollout/reflection_invalid_rate"] == 1.0
+
+
+def test_success_reflection_means_no_retry(world_suite, world_tokenizer):
+    reflection = json.dumps({**VALID, "trajectory_outcome": "success"})
+    loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, reflection), world_tokenizer)
+    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=4, params=SamplingParams())
+    assert all(t.origin == "base" for t in out.groups[0])
+
+
+def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
+    task = world_suite.train_task(0)
+    plan = world_suite.demonstration(task)
+
+    class ExpertOnRetry(ScriptedReflectionEngine):
+        def generate(self, prompts, params):
+            out = []
+            for prompt in prompts:
+                text = self.tokenizer.decode(prompt)
+                if "Review this attempt" in text:
+                    reply = json.dumps({**VALID, "retry_from_step": 0, "improvement_suggestion": "do it right"})
+                elif "do it right" in text or "You are carrying" in text or "You take" in text:
+                    step = sum(1 for a in plan if f"<action>{a}</action>" in text)
+                    reply = f"<action>{plan[min(step, len(plan) - 1)]}</action>"
+                else:
+                    reply = "<action>look</action>"
+                ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+                out.append(Generation(ids, [-0.5] * len(ids), "stop"))
+            return out
+
+    loop = AgentLoop(world_suite, ExpertOnRetry(world_tokenizer, ""), world_tokenizer)
+    out = ReflectRetryExplorer().explore([task], loop, group_size=2, params=SamplingParams())
+    base, distilled = out.groups[0].trajectories
+    assert not base.success and distilled.success
+    assert out.metrics["rollout/retry_improvement_rate"] == 1.0
+    origins = sorted(t.origin for t in out.sft)
+    assert origins == ["reflect_sft", "retry_sft"]
+    retry_sample = next(t for t in out.sft if t.origin == "retry_sft")
+    assert "do it right" in world_tokenizer.decode(retry_sample.token_ids())  # trained under the guidance
+    batch = collate_experience(out.sft, [0.0, 0.0], world_tokenizer.pad_token_id)
+    assert batch.sft_mask.sum() > 0 and batch.loss_mask.sum() == 0
+
+
+def test_wo_reflect_ablation_is_plain_sampling(world_suite, world_tokenizer, world_policy):
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
+    out = ReflectRetryExplorer(retry=False).explore([world_suite.train_task(0)], loop, 4, SamplingParams(max_new_tokens=6))
+    assert len(out.groups[0]) == 4 and out.sft == []
+
+
+def test_distill_requires_a_guided_turn():
+    from r3lightning.types import Trajectory, Turn
+
+    import pytest
+
+    with pytest.raises(ValueError, match="no guided turn"):
+        distill(Trajectory("t", [Turn([1], [2])]), pivot=0)

@@ -1,0 +1,241 @@
+"""Bad input catalogue (DESIGN.md §11): each case ends in a clear error or a counted fallback.
+
+Covered elsewhere, not repeated here: a verifier that hangs or crashes (tests/envs/test_math_env.py),
+malformed and empty dataset files at the suite level (test_math_env.py::test_dataset_errors),
+context-limit truncation inside the agent loop and a hanging environment step in the loop
+(tests/rollout/test_agent_loop.py), non-finite losses (tests/callbacks/test_health.py), resuming
+with another model (tests/module/test_resume.py).
+"""
+
+import json
+import time
+
+import lightning as L
+import pytest
+import torch
+
+from callbacks.health import HealthWatchdog
+from r3lightning import algos
+from r3lightning.cli import main
+from r3lightning.data.collate import collate_experience
+from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
+from r3lightning.envs.base import StepResult, Task, TaskSuite
+from r3lightning.envs.math_env import MathSuite
+from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.module import AlgorithmConfig, OptimConfig, R3LightningModule
+from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
+from r3lightning.rollout.chat import ChatFormatter
+from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.types import Trajectory, Turn
+
+SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
+ARITHMETIC = dict(source="arithmetic", num_val_tasks=4, instruction="")
+
+
+# ---- configuration and files given to `r3l fit` ---------------------------------------------------
+def run_cli(tmp_path, capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", *args])
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path, capsys):
+    config = write(tmp_path / "broken.yaml", "trainer:\n  max_steps: 2\n model: [\n")
+    code, err = run_cli(tmp_path, capsys, "--config", config)
+    assert code == 2
+    assert f"config file {config!r} is not valid YAML at line 3" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("trainer:\n  max_stepz: 2\n", "does not accept option 'trainer.max_stepz'"),
+        ("model:\n  optim:\n    lr: fast\n", "model.optim"),
+        ("trainer:\n  max_steps: two\n", "Expected a <class 'int'>. Got value: two"),
+    ],
+    ids=["unknown-key", "wrong-type-nested", "wrong-type"],
+)
+def test_unknown_keys_and_wrong_types_are_parser_errors(tmp_path, capsys, text, message):
+    code, err = run_cli(tmp_path, capsys, "--config", write(tmp_path / "c.yaml", text))
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_nonexistent_model_path_is_one_clear_line(tmp_path, capsys):
+    code, err = run_cli(
+        tmp_path, capsys, "--model.model.name_or_path=/nonexistent", "--data.suite=r3lightning.envs.math_env.MathSuite"
+    )
+    assert code == 1
+    assert "r3l: error: model.name_or_path: no model directory at '/nonexistent'" in err
+    assert "Traceback" not in err and "R3L_TRACEBACK=1" in err
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [([], "the dataset is empty"), ([{"question": "1+1?", "answer": "2"}, {"question": "2+2?"}], "row 2 has no 'answer' field")],
+    ids=["empty", "missing-field"],
+)
+def test_dataset_errors_through_the_cli_name_file_row_and_field(tmp_path, capsys, rows, message):
+    data = write(tmp_path / "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    code, err = run_cli(
+        tmp_path, capsys, "--data.suite=r3lightning.envs.math_env.MathSuite", f"--data.suite.source=jsonl:{data}",
+        "--data.suite.num_val_tasks=0",
+    )
+    assert code == 1 and f"{data}: {message}" in err and "Traceback" not in err
+
+
+def test_tokenizer_without_chat_template(tmp_path):
+    tokenizer = build_tokenizer(["What is 1+1?", "\\boxed{2}"] * 4, vocab_size=300)
+    model = build_tiny_model(SPEC, tokenizer)
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="tokenizer has no chat template; set model.chat_template"):
+        ChatFormatter(tokenizer)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no chat template; set model.chat_template"):
+        load_pretrained(ModelConfig(name_or_path=str(tmp_path)))
+    from r3lightning.models import CHATML_TEMPLATE
+
+    _, loaded = load_pretrained(ModelConfig(name_or_path=str(tmp_path), chat_template=CHATML_TEMPLATE))
+    assert ChatFormatter(loaded).first_prompt("hi")
+
+
+# ---- rollouts that go wrong during training ---------------------------------------------------------
+def fit(suite, steps=1, agent=None, algorithm=None, callbacks=(), max_new_tokens=6, tmp_path=None):
+    dm = RolloutDataModule(
+        suite, group_size=4, tasks_per_step=2, sampling=SamplingParams(max_new_tokens=max_new_tokens),
+        agent=agent or AgentLoopConfig(action_format="raw", max_context_tokens=128),
+    )
+    module = R3LightningModule(
+        model=ModelConfig(tiny=SPEC), algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
+        optim=OptimConfig(lr=1e-3, micro_batch_size=3),
+    )
+    trainer = L.Trainer(
+        max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks), default_root_dir=tmp_path,
+    )
+    trainer.fit(module, dm)
+    assert trainer.global_step == steps and module.skipped_steps == 0
+    return module, {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+class HangingEnv:
+    """A reward function that never returns on odd tasks."""
+
+    def reset(self, task):
+        self.task = task
+        return task.prompt
+
+    def step(self, action):
+        if self.task.data["index"] % 2:
+            time.sleep(10**6)
+        return StepResult("", 1.0, True, {"success": True})
+
+
+class HangingSuite(TaskSuite):
+    system_prompt, max_turns = "Answer.", 1
+
+    def make_env(self):
+        return HangingEnv()
+
+    def train_task(self, index):
+        return Task(f"hang#{index}", f"Question {index}?", data={"index": index})
+
+    def val_tasks(self):
+        return [self.train_task(0)]
+
+    def demonstration(self, task):
+        return None
+
+
+def test_hanging_reward_is_cut_masked_counted_and_training_completes(tmp_path, capsys):
+    agent = AgentLoopConfig(action_format="raw", max_context_tokens=128, step_timeout_s=0.3)
+    start = time.perf_counter()
+    module, metrics = fit(HangingSuite(), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
+    assert time.perf_counter() - start < 120
+    assert metrics["reward/error_rate"] == 0.5 and metrics["rollout/env_error_rate"] == 0.5
+    hung = [t for t in module.last_trajectories if t.reward_error]
+    assert len(hung) == 4 and all("did not return within 0.3s" in t.info["env_error"] for t in hung)
+    assert metrics["reward/mean"] == 0.5  # the hung samples count as reward 0 and are masked out of the loss
+    assert "health warning (reward_errors)" in capsys.readouterr().out
+
+
+def test_pivot_out_of_range_masks_everything_without_crashing():
+    turn_index = torch.tensor([[-1, -1, 0, 0, -1, 1, 1]])
+    assert not algos.pivotal_mask(turn_index, torch.tensor([5])).any()
+    trajectory = Trajectory("t", [Turn([1, 2], [3, 4], [0.0, 0.0]), Turn([5], [6], [0.0])], pivot=9)
+    batch = collate_experience([trajectory], [1.0], pad_token_id=0, pivotal_credit=True)
+    assert batch.loss_mask.sum() == 0 and batch.advantages.abs().sum() == 0
+
+    class PivotBeyondTheEnd(AlgorithmConfig):
+        pass
+
+    # A whole training step whose every trajectory has its pivot past its last turn: no RL tokens, no crash.
+    original = RolloutDataModule.explore
+
+    def explore(self, batch, engine, tokenizer):
+        exploration = original(self, batch, engine, tokenizer)
+        for group in exploration.groups:
+            for t in group.trajectories:
+                t.pivot = len(t.turns) + 3
+        return exploration
+
+    RolloutDataModule.explore = explore
+    try:
+        _, metrics = fit(MathSuite(**ARITHMETIC), algorithm=AlgorithmConfig(policy_loss="ppo_clip", pivotal_credit=True))
+    finally:
+        RolloutDataModule.explore = original
+    assert metrics["train/rl_tokens"] == 0 and metrics["train/loss"] == 0
+
+
+class EmptyEngine:
+    """An engine that returns zero tokens for every prompt."""
+
+    weight_version = 0
+
+    def generate(self, prompts, params):
+        return [Generation(token_ids=[], logprobs=[], finish_reason="stop") for _ in prompts]
+
+
+def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
+    suite = MathSuite(**ARITHMETIC)
+    config = AgentLoopConfig(action_format="raw")
+    tokenizer = build_tokenizer(corpus_from_suite(suite, config, num_tasks=8), vocab_size=300)
+    loop = AgentLoop(suite, EmptyEngine(), tokenizer, config)
+    trajectories = loop.run([EpisodeRequest(task=suite.train_task(i)) for i in range(2)], SamplingParams())
+    for t in trajectories:
+        assert t.turns[0].response_ids == [] and t.reward == 0.0 and not t.success and t.info["end_reason"] == "done"
+    batch = collate_experience(trajectories, [1.0, -1.0], tokenizer.pad_token_id)
+    assert batch.loss_mask.sum() == 0
+
+    monkeypatch.setattr("r3lightning.module.build_engine", lambda config, policy, tokenizer: EmptyEngine())
+    _, metrics = fit(suite)
+    assert metrics["rollout/response_len"] == 0 and metrics["train/rl_tokens"] == 0
+
+
+def test_overlong_generations_are_cut_at_the_context_limit_and_counted():
+    suite = MathSuite(**ARITHMETIC)
+    agent = AgentLoopConfig(action_format="raw", max_context_tokens=128)
+    tokenizer = build_tokenizer(corpus_from_suite(suite, agent), SPEC.vocab_size)  # what configure_model builds
+    chat = ChatFormatter(tokenizer, suite.system_prompt)
+    longest_prompt = max(len(chat.first_prompt(suite.train_task(i).prompt)) for i in range(2))
+    limit = longest_prompt + 3
+    module, metrics = fit(suite, agent=AgentLoopConfig(action_format="raw", max_context_tokens=limit), max_new_tokens=12)
+    assert metrics["rollout/truncated_rate"] == 1.0 and metrics["rollout/prompt_too_long_rate"] == 0.0
+    for t in module.last_trajectories:
+        assert t.info["end_reason"] == "context_limit" and len(t.token_ids()) <= limit
+        assert 0 < t.num_response_tokens <= 3
+
+
+def test_prompts_longer_than_the_context_end_the_episode_and_are_counted(tmp_path, capsys):
+    agent = AgentLoopConfig(action_format="raw", max_context_tokens=5)
+    module, metrics = fit(MathSuite(**ARITHMETIC), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
+    assert all(not t.turns and t.info["end_reason"] == "context_limit" for t in module.last_trajectories)
+    assert metrics["rollout/prompt_too_long_rate"] == 1.0 and metrics["rollout/truncated_rate"] == 1.0
+    assert metrics["train/rl_tokens"] == 0
+    assert "health warning (prompt_too_long)" in capsys.readouterr().out

@@ -56,7 +56,7 @@ def test_malformed_yaml_names_the_file_and_line(tmp_path, capsys):
     "text, message",
     [
         ("trainer:\n  max_stepz: 2\n", "does not accept option 'trainer.max_stepz'"),
-        ("model:\n  optim:\n    lr: fast\n", "model.optim"),
+        ("model:\n  optim:\n    lr: fast\n", "Parser key \"model.optim.lr\""),
         ("trainer:\n  max_steps: two\n", "Expected a <class 'int'>. Got value: two"),
     ],
     ids=["unknown-key", "wrong-type-nested", "wrong-type"],
@@ -165,15 +165,12 @@ def test_hanging_reward_is_cut_masked_counted_and_training_completes(tmp_path, c
     assert "health warning (reward_errors)" in capsys.readouterr().out
 
 
-def test_pivot_out_of_range_masks_everything_without_crashing():
+def test_pivot_out_of_range_masks_everything_without_crashing(monkeypatch):
     turn_index = torch.tensor([[-1, -1, 0, 0, -1, 1, 1]])
     assert not algos.pivotal_mask(turn_index, torch.tensor([5])).any()
     trajectory = Trajectory("t", [Turn([1, 2], [3, 4], [0.0, 0.0]), Turn([5], [6], [0.0])], pivot=9)
     batch = collate_experience([trajectory], [1.0], pad_token_id=0, pivotal_credit=True)
     assert batch.loss_mask.sum() == 0 and batch.advantages.abs().sum() == 0
-
-    class PivotBeyondTheEnd(AlgorithmConfig):
-        pass
 
     # A whole training step whose every trajectory has its pivot past its last turn: no RL tokens, no crash.
     original = RolloutDataModule.explore
@@ -185,11 +182,8 @@ def test_pivot_out_of_range_masks_everything_without_crashing():
                 t.pivot = len(t.turns) + 3
         return exploration
 
-    RolloutDataModule.explore = explore
-    try:
-        _, metrics = fit(MathSuite(**ARITHMETIC), algorithm=AlgorithmConfig(policy_loss="ppo_clip", pivotal_credit=True))
-    finally:
-        RolloutDataModule.explore = original
+    monkeypatch.setattr(RolloutDataModule, "explore", explore)
+    _, metrics = fit(MathSuite(**ARITHMETIC), algorithm=AlgorithmConfig(policy_loss="ppo_clip", pivotal_credit=True))
     assert metrics["train/rl_tokens"] == 0 and metrics["train/loss"] == 0
 
 

@@ -382,6 +382,9 @@ class MathSuite(TaskSuite):
             and never train on its questions; datasets hold out the first ``num_val_tasks`` rows of a
             shuffle seeded by ``seed``.
         seed: seeds the hold-out, the per-epoch shuffles and the generators.
+        val_disjoint: generator sources only: never train on a validation question. Set false for
+            problem spaces so small (e.g. single-digit arithmetic) that holding questions out leaves
+            too little to learn from; validation then measures in-distribution success.
         system_prompt: the system message of each conversation.
         instruction: appended to each question on its own line; empty for none.
         demo_style: SFT demonstration: ``answer_only`` (just ``\\boxed{answer}``) or ``solution``
@@ -405,6 +408,7 @@ class MathSuite(TaskSuite):
         instruction: str = DEFAULT_INSTRUCTION,
         demo_style: Literal["answer_only", "solution"] = "answer_only",
         verify_timeout_s: float = 5.0,
+        val_disjoint: bool = True,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"MathSuite: max_attempts must be >= 1, got {max_attempts}")
@@ -419,7 +423,9 @@ class MathSuite(TaskSuite):
         self.demo_style = demo_style
         self.verify_timeout_s = verify_timeout_s
         fields = (question_field, answer_field, solution_field)
-        self._split = _make_split(source, dict(source_kwargs or {}), fields, hf_config, hf_split, num_val_tasks, seed)
+        self._split = _make_split(
+            source, dict(source_kwargs or {}), fields, hf_config, hf_split, num_val_tasks, seed, val_disjoint
+        )
         if demo_style == "solution" and self._split.train_item(0).solution is None:
             raise ValueError(
                 f"MathSuite: demo_style='solution' but source {source!r} provides no solutions "
@@ -465,6 +471,7 @@ def _make_split(
     hf_split: str,
     num_val: int,
     seed: int,
+    val_disjoint: bool = True,
 ) -> FiniteSplit | GeneratedSplit:
     """The train/val split for a ``source`` string (see ``MathSuite``)."""
     scheme, _, argument = source.partition(":")
@@ -473,9 +480,9 @@ def _make_split(
             generator = ArithmeticGenerator(**source_kwargs)
         except TypeError as error:
             raise ValueError(f"arithmetic: bad source_kwargs {source_kwargs}: {error}") from error
-        return GeneratedSplit(generator, num_val, seed, source)
+        return GeneratedSplit(generator, num_val, seed, source, val_disjoint)
     if scheme == "reasoning_gym" and argument:
-        return GeneratedSplit(ReasoningGymGenerator(argument, source_kwargs), num_val, seed, source)
+        return GeneratedSplit(ReasoningGymGenerator(argument, source_kwargs), num_val, seed, source, val_disjoint)
     if source_kwargs:
         raise ValueError(f"source_kwargs are for generator sources, not {source!r}")
     if scheme == "champ" and not argument:

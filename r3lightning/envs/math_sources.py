@@ -261,15 +261,19 @@ class GeneratedSplit:
 
     Validation draws ``num_val`` distinct questions from seeds derived from (seed, "val", j).
     Training index ``i`` uses seeds derived from (seed, "train", i, attempt); a draw whose question
-    is a validation question is redrawn, so train and validation never share a question.
+    is a validation question is redrawn, so train and validation never share a question — unless
+    ``disjoint`` is false, for problem spaces so small that held-out questions would leave too
+    little to train on (validation then measures in-distribution success).
     """
 
-    def __init__(self, generate: Callable[[int], MathItem], num_val: int, seed: int, origin: str) -> None:
+    def __init__(
+        self, generate: Callable[[int], MathItem], num_val: int, seed: int, origin: str, disjoint: bool = True
+    ) -> None:
         self._generate = generate
         self._seed = seed
         self._origin = origin
         self._val = self._draw_val(num_val)
-        self._val_questions = {item.question for item in self._val}
+        self._val_questions = {item.question for item in self._val} if disjoint else set()
 
     def train_item(self, index: int) -> MathItem:
         for attempt in range(_MAX_REDRAWS):

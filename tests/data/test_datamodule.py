@@ -1,0 +1,90 @@
+"""Task streams, demonstrations from files and collation."""
+
+import json
+
+import pytest
+import torch
+
+from r3lightning.data.collate import collate_experience
+from r3lightning.data.datamodule import TaskStream, conversation_trajectory, load_chat_jsonl
+from r3lightning.envs.math_env import MathSuite
+from r3lightning.types import Trajectory, Turn
+
+
+def _ids(stream, n):
+    it = iter(stream)
+    return [[t.task_id for t in next(it).tasks] for _ in range(n)]
+
+
+def test_task_stream_shards_by_rank_and_resumes_at_cursor():
+    suite = MathSuite(source="arithmetic", num_val_tasks=4)
+    rank0 = _ids(TaskStream(suite, 3, 0, rank=0, world_size=2), 4)
+    rank1 = _ids(TaskStream(suite, 3, 0, rank=1, world_size=2), 4)
+    flat0, flat1 = sum(rank0, []), sum(rank1, [])
+    assert not set(flat0) & set(flat1)
+    resumed = _ids(TaskStream(suite, 3, 2, rank=0, world_size=2), 2)
+    assert resumed == rank0[2:]
+    steps = [b.step for b, _ in zip(TaskStream(suite, 3, 5, 0, 1), range(3))]
+    assert steps == [5, 6, 7]
+
+
+def test_chat_jsonl_errors_name_file_row_and_field(tmp_path):
+    path = tmp_path / "demos.jsonl"
+    good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"demos.jsonl, row 2: field 'messages'"):
+        load_chat_jsonl(str(path))
+    path.write_text(json.dumps(good) + "\n{broken\n")
+    with pytest.raises(ValueError, match=r"row 2: not valid JSON"):
+        load_chat_jsonl(str(path))
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(ValueError, match="no assistant message"):
+        load_chat_jsonl(str(path))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_chat_jsonl(str(tmp_path / "missing.jsonl"))
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="has no rows"):
+        load_chat_jsonl(str(path))
+
+
+def test_conversation_trajectory_matches_chat_template(world_tokenizer):
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "<action>look</action>"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "<action>take apple</action>"},
+    ]
+    traj = conversation_trajectory(messages, world_tokenizer, "demo-0")
+    assert len(traj.turns) == 2 and traj.origin == "demo"
+    rendered = world_tokenizer.apply_chat_template(messages, tokenize=False)
+    assert world_tokenizer.decode(traj.token_ids()) == rendered.rstrip("\n")
+
+
+def test_collate_masks_hand_made():
+    rl = Trajectory("a", [Turn([1, 2], [3, 4], [-0.1, -0.2]), Turn([5], [6], [-0.3])], reward=1.0, pivot=1)
+    sft = Trajectory("b", [Turn([1], [7, 8])], origin="retry_sft")
+    bad = Trajectory("c", [Turn([1], [9], [-0.5])], reward=1.0, reward_error=True)
+    batch = collate_experience([rl, sft, bad], [2.0, 0.0, 5.0], pad_token_id=0, pivotal_credit=True)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 6], [1, 7, 8, 0, 0, 0], [1, 9, 0, 0, 0, 0]]
+    assert batch.turn_index.tolist()[0] == [-1, -1, 0, 0, -1, 1]
+    assert batch.loss_mask.tolist() == [[0, 0, 0, 0, 0, 1], [0] * 6, [0] * 6]
+    assert batch.sft_mask.tolist()[1] == [0, 1, 1, 0, 0, 0]
+    assert batch.advantages.tolist()[0] == [0, 0, 0, 0, 0, 2.0]
+    assert batch.old_logprobs[0].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, -0.3])
+    no_pivot = collate_experience([rl], [1.0], 0, pivotal_credit=False)
+    assert no_pivot.loss_mask.tolist() == [[0, 0, 1, 1, 0, 1]]
+
+
+def test_collate_untrainable_turns_and_max_length():
+    traj = Trajectory("a", [Turn([1], [2, 3], trainable=False), Turn([4], [5, 6])], origin="retry_sft")
+    batch = collate_experience([traj], [0.0], 0, max_length=5)
+    assert batch.input_ids.shape == (1, 5)
+    assert batch.sft_mask.tolist() == [[0, 0, 0, 0, 1]]
+
+
+def test_micro_batch_slice_trims_padding():
+    rows = [Trajectory("a", [Turn([1], [2, 3, 4, 5], [0.0] * 4)]), Trajectory("b", [Turn([1], [2], [0.0])])]
+    batch = collate_experience(rows, [1.0, 1.0], 0)
+    assert batch.slice(1, 2).input_ids.shape == (1, 2)
+    assert torch.equal(batch.slice(0, 2).input_ids, batch.input_ids)

@@ -24,7 +24,7 @@ from torchmetrics import MeanMetric
 
 from r3lightning import algos
 from r3lightning.data.collate import collate_experience
-from r3lightning.data.datamodule import RolloutDataModule, TaskBatch, corpus_from_suite
+from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.models import (
     ModelConfig,
     apply_lora,
@@ -205,9 +205,7 @@ class R3LightningModule(L.LightningModule):
         if self.model_config.name_or_path:
             policy, tokenizer = load_pretrained(self.model_config)
         else:
-            dm = self.datamodule
-            corpus = corpus_from_suite(dm.suite, dm.agent)
-            tokenizer = build_tokenizer(corpus, self.model_config.tiny.vocab_size)
+            tokenizer = build_tokenizer(self.datamodule.tokenizer_corpus(), self.model_config.tiny.vocab_size)
             policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
         self._install(policy, tokenizer)
 

@@ -166,6 +166,13 @@ class RolloutDataModule(L.LightningDataModule):
         if "explorer" in state and hasattr(self.explorer, "load_state_dict"):
             self.explorer.load_state_dict(state["explorer"])
 
+    def tokenizer_corpus(self) -> list[str]:
+        """Texts an in-memory tokenizer is trained on: the suite's, plus the explorer's prompts."""
+        texts = corpus_from_suite(self.suite, self.agent)
+        if hasattr(self.explorer, "tokenizer_corpus"):
+            texts += self.explorer.tokenizer_corpus(self.suite)
+        return texts
+
     # ---- experience ---------------------------------------------------------------------------
     def make_loop(self, engine: RolloutEngine, tokenizer) -> AgentLoop:
         return AgentLoop(self.suite, engine, tokenizer, self.agent)

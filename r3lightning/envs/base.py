@@ -91,7 +91,7 @@ class TaskSuite(abc.ABC):
     def demonstration(self, task: Task) -> Optional[list[str]]:
         """Expert actions (one per turn) for SFT warm-start, or None when there is no expert."""
 
-    def diagnose(self, task: Task, actions: list[str], feedbacks: list[str]) -> Optional[dict[str, Any]]:
+    def diagnose(self, task: Task, actions: list[str], feedbacks: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
         """A scripted reflection in the R³L JSON format for a played trajectory, or None (default)
         when the suite has no diagnostician. Used for reflective SFT warm-start data."""
         return None

@@ -767,7 +767,7 @@ class ProceduralWorldSuite(TaskSuite):
     def demonstration(self, task: Task) -> list[str]:
         return expert_plan(task)
 
-    def diagnose(self, task: Task, actions: list[str], feedbacks: list[str]) -> dict[str, Any]:
+    def diagnose(self, task: Task, actions: list[str], feedbacks: Optional[list[str]] = None) -> dict[str, Any]:
         return diagnose(task, actions, feedbacks)
 
     def expert_continuation(self, task: Task, prefix_actions: list[str]) -> list[str]:

@@ -160,6 +160,19 @@ class ReflectRetryExplorer:
         fields = dataclasses.asdict(reflection) if isinstance(reflection, Reflection) else reflection
         return self.guidance_template.format(**fields).strip()
 
+    def tokenizer_corpus(self, suite, num_tasks: int = 64) -> list[str]:
+        """Texts of this explorer's prompts and, when the suite has a diagnostician, example
+        reflections, so a tokenizer trained in memory encodes reflections compactly."""
+        texts = [self.reflection_template, self.guidance_template]
+        for index in range(num_tasks):
+            task = suite.train_task(index)
+            plan = suite.demonstration(task) or []
+            diagnosis = suite.diagnose(task, ["look", *plan])
+            if diagnosis is None:
+                break
+            texts.extend([json.dumps(diagnosis), self.guidance(diagnosis)])
+        return texts
+
     # ---- exploration --------------------------------------------------------------------------
     def explore(self, tasks: list[Task], loop: AgentLoop, group_size: int, params: SamplingParams) -> Exploration:
         if not self.retry:

@@ -164,9 +164,10 @@ class VLLMWeightSync(L.Callback):
         raises LogprobMismatchError above ``max_logprob_diff``."""
         prompts = self.probe_batch(pl_module.tokenizer)
         generations = pl_module.engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=self.probe_tokens))
-        trainer_lp = trainer_logprobs(
-            pl_module.policy, prompts, [g.token_ids for g in generations], pl_module.tokenizer.pad_token_id, pl_module.device
-        )
+        with fsdp_root_unsharded(trainer.strategy.model):
+            trainer_lp = trainer_logprobs(
+                pl_module.policy, prompts, [g.token_ids for g in generations], pl_module.tokenizer.pad_token_id, pl_module.device
+            )
         diff = 0.0
         for gen, ref in zip(generations, trainer_lp):
             if gen.token_ids:
@@ -186,6 +187,22 @@ class VLLMWeightSync(L.Callback):
                 "if this is numerical noise of a lower-precision engine dtype."
             )
         return diff
+
+
+def fsdp_root_unsharded(root: torch.nn.Module):
+    """Context for calling the policy directly (not through the wrapped LightningModule) under FSDP1:
+    the parameters the root unit owns (those outside the policy's own units, e.g. embeddings) are
+    gathered for the duration; nested units gather their own in their forward as usual. A no-op
+    without FSDP."""
+    import contextlib
+
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except ImportError:  # pragma: no cover
+        return contextlib.nullcontext()
+    if not isinstance(root, FSDP):
+        return contextlib.nullcontext()
+    return FSDP.summon_full_params(root, recurse=False, writeback=False)
 
 
 def trainer_logprobs(

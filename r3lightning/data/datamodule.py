@@ -76,10 +76,13 @@ class DemoConfig:
         reflections: also train on the suite's scripted reflections and guided retries (R³L
             warm-start: needs a suite with ``diagnose``/``expert_continuation`` and the
             ``ReflectRetryExplorer``, whose prompt templates are used).
+        tasks_per_step: demonstrations per warm-start step on each rank (0: ``data.tasks_per_step``).
+            SFT steps cost no generation, so they can afford larger batches than RL steps.
     """
 
     source: str = "suite"
     reflections: bool = False
+    tasks_per_step: int = 0
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -206,8 +209,16 @@ class RolloutDataModule(L.LightningDataModule):
             return self._suite_demonstrations(batch, self.make_loop(engine, tokenizer))
         return self._file_demonstrations(batch, tokenizer)
 
+    def _demo_tasks(self, batch: TaskBatch) -> list[Task]:
+        n = self.demos.tasks_per_step
+        if n <= 0 or n == len(batch.tasks):
+            return batch.tasks
+        rank, world = self._rank_world()
+        first = (batch.step * world + rank) * n
+        return [self.suite.train_task(first + j) for j in range(n)]
+
     def _suite_demonstrations(self, batch: TaskBatch, loop: AgentLoop) -> list[Trajectory]:
-        tasks = batch.tasks
+        tasks = self._demo_tasks(batch)
         actions = [self.suite.demonstration(task) for task in tasks]
         missing = [t.task_id for t, a in zip(tasks, actions) if not a]
         if missing:
@@ -228,10 +239,11 @@ class RolloutDataModule(L.LightningDataModule):
             self._demo_rows = load_chat_jsonl(self.demos.source)
         rows = self._demo_rows
         rank, world = self._rank_world()
-        start = (batch.step * world + rank) * self.tasks_per_step
+        n = self.demos.tasks_per_step if self.demos.tasks_per_step > 0 else self.tasks_per_step
+        start = (batch.step * world + rank) * n
         return [
             conversation_trajectory(rows[(start + j) % len(rows)], tokenizer, f"demo-{(start + j) % len(rows)}")
-            for j in range(self.tasks_per_step)
+            for j in range(n)
         ]
 
 

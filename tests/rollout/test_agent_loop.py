@@ -153,3 +153,17 @@ def test_hanging_environment_step_is_cut_and_masked(world_tokenizer, world_polic
     traj = loop.run([EpisodeRequest(task=Task("t0", "question"))], SamplingParams(max_new_tokens=4))[0]
     assert time.perf_counter() - start < 10
     assert traj.reward_error and traj.info["end_reason"] == "env_error" and traj.reward == 0.0
+
+
+def test_math_with_attempts_is_a_multi_turn_episode(world_tokenizer, world_policy):
+    from r3lightning.envs.math_env import MathSuite
+
+    suite = MathSuite(source="arithmetic", max_attempts=3, num_val_tasks=2, instruction="")
+    task = suite.train_task(0)
+    loop = AgentLoop(suite, HFEngine(world_policy, world_tokenizer), world_tokenizer, AgentLoopConfig(action_format="raw"))
+    wrong = f"\\boxed{{{int(task.answer) + 1}}}"
+    traj = loop.play_actions([EpisodeRequest(task=task)], [[wrong, wrong, f"\\boxed{{{task.answer}}}"]])[0]
+    assert traj.success and traj.reward == 1.0 and len(traj.turns) == 3
+    assert "Incorrect, try again." in world_tokenizer.decode(traj.turns[1].context_ids)
+    failed = loop.play_actions([EpisodeRequest(task=task)], [[wrong] * 3])[0]
+    assert not failed.success and failed.reward == 0.0 and len(failed.turns) == 3

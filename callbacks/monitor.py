@@ -133,7 +133,7 @@ class RolloutSampleLogger(L.Callback):
 
     Written to TensorBoard as text (tag ``samples/rollouts``, rank 0, when the logger is a
     TensorBoardLogger) and appended to ``<log_dir>/rollout_samples.jsonl`` (one JSON object per
-    trajectory, with its ``step``).
+    trajectory, with its ``step``). Runs without a logger (``trainer.logger: false``) write nothing.
 
     Args:
         every_n_steps: log at global steps that are multiples of this (and at the first step).
@@ -151,8 +151,8 @@ class RolloutSampleLogger(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if not trainer.is_global_zero or step == self._last_step:
-            return
+        if not trainer.is_global_zero or step == self._last_step or not trainer.loggers:
+            return  # without a logger (logger: false) there is no run directory to write to
         if step % self.every_n_steps != 0 and self._last_step >= 0:
             return
         trajectories = list(getattr(pl_module, "last_trajectories", []) or [])

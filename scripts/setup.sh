@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3.11}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
+# Some packages build from source (alfworld's fast-downward) and call "python" from PATH.
+export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and pinned: a bare "torch" requirement pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
 .venv/bin/pip install -q torch==2.13.0

@@ -19,7 +19,8 @@ action templates instead. When on, the observation ends with ``Valid actions: ..
 ``info["admissible_actions"]`` holds the list.
 
 Cost: a JVM takes about 2 s to start and 200-700 MB of memory; loading a task takes 0.1-2 s; a step
-about 0.1-0.8 s. Environments lease JVMs from the suite's pool (one per concurrent episode) and give
+about 20 ms (steps call the simulator directly: the package's ``step`` also fetches the valid actions,
+the room and the inventory every time, 0.1-0.8 s). Environments lease JVMs from the suite's pool (one per concurrent episode) and give
 them back when the episode ends, so later batches reuse them. Variation lists are read from the
 simulator on first use (about 4 s for all 30 tasks).
 

@@ -26,6 +26,7 @@ indexing) are shared with the ScienceWorld and ALFWorld suites.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -34,8 +35,9 @@ import random
 import re
 import tempfile
 import threading
+import warnings
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Optional
@@ -263,7 +265,20 @@ DEFAULT_SYSTEM_PROMPT = (
 def _start_textworld(game_file: Hashable) -> Any:
     textworld = import_optional("textworld", "TextWorld games")
     infos = textworld.EnvInfos(admissible_commands=True, score=True, max_score=True, won=True, lost=True)
-    return textworld.start(str(game_file), request_infos=infos)
+    with quiet_jericho():
+        return textworld.start(str(game_file), request_infos=infos)
+
+
+_JERICHO_NOISE = r"(Unable to find valid actions in an unsupported game|Game .* is not fully supported)"
+
+
+@contextlib.contextmanager
+def quiet_jericho() -> Iterator[None]:
+    """Jericho does not know TextWorld's games and warns so on load and on every step; TextWorld's own
+    wrapper supplies the score and admissible commands, so the warnings carry no information."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_JERICHO_NOISE)
+        yield
 
 
 def _close_textworld(env: Any) -> None:
@@ -285,7 +300,8 @@ class TextWorldEnv:
     def reset(self, task: Task) -> str:
         game_file = self.suite.game_file(task)
         game = self._lease.acquire(game_file)
-        state = game.reset()
+        with quiet_jericho():
+            state = game.reset()
         self._turns, self._done = 0, False
         self._max_score = state["max_score"] or 0
         self._admissible = sorted(state["admissible_commands"] or [])
@@ -303,7 +319,8 @@ class TextWorldEnv:
         command = normalize_command(action)
         invalid = command not in self._admissible
         self._lease.busy = True
-        state, score, _ = self._lease.sim.step(command)
+        with quiet_jericho():
+            state, score, _ = self._lease.sim.step(command)
         self._lease.busy = False
         self._turns += 1
         won, lost = bool(state["won"]), bool(state["lost"])
@@ -479,9 +496,11 @@ def _cached_walkthrough(game_file: str) -> Optional[tuple[str, ...]]:
         return tuple(walkthrough)
     # No .json (a game made elsewhere): ask the engine for a winning policy.
     textworld = import_optional("textworld", "TextWorld games")
-    env = textworld.start(game_file, request_infos=textworld.EnvInfos(policy_commands=True))
+    with quiet_jericho():
+        env = textworld.start(game_file, request_infos=textworld.EnvInfos(policy_commands=True))
     try:
-        policy = env.reset()["policy_commands"]
+        with quiet_jericho():
+            policy = env.reset()["policy_commands"]
     finally:
         env.close()
     return tuple(policy) if policy else None

@@ -384,6 +384,9 @@ class VLLMEngine:
         self._vllm = vllm
         start = time.perf_counter()
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        # Under DDP/FSDP vLLM joins the trainer's process group (each rank a data-parallel replica of
+        # tensor-parallel size 1); alone it creates a one-process group, which close() removes.
+        self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         with _preserve_rng():
             self.llm = vllm.LLM(**args)
         if torch.get_num_threads() != threads:
@@ -391,7 +394,6 @@ class VLLMEngine:
             # that would also slow the trainer's CPU work, so the trainer's setting is restored.
             set_threads(threads)
         self.startup_s = time.perf_counter() - start
-        self._tmpdir: Optional[tempfile.TemporaryDirectory] = None
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module, tokenizer, model_path: str = "", **kwargs) -> "VLLMEngine":
@@ -516,3 +518,9 @@ class VLLMEngine:
         with contextlib.suppress(Exception):
             llm.llm_engine.engine_core.shutdown()
         del llm
+        if getattr(self, "_owns_process_group", False):
+            with contextlib.suppress(Exception):
+                from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+                destroy_model_parallel()
+                destroy_distributed_environment()

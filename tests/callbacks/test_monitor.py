@@ -1,6 +1,7 @@
 """TrainingDynamicsMonitor and RolloutSampleLogger: the tags they log and the samples they write."""
 
 import json
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -98,6 +99,14 @@ def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
         assert row["turns"][0]["context"].startswith("<|im_start|>system")
         assert set(row) >= {"task_id", "reward", "success", "truncated", "pivot", "info", "model_version"}
         assert row["info"]["end_reason"] in ("done", "length", "context_limit")
+
+
+def test_sample_logger_writes_nothing_without_a_logger(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    trainer = SimpleNamespace(global_step=1, is_global_zero=True, loggers=[], log_dir=None, default_root_dir=str(tmp_path))
+    module = SimpleNamespace(last_trajectories=[Trajectory("t", [])], tokenizer=None)
+    RolloutSampleLogger(every_n_steps=1).on_train_batch_end(trainer, module, None, None, 0)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_pick_samples_round_robin_over_origins_and_info_text():

@@ -52,6 +52,51 @@ def train(policy, tokenizer, steps=2, lr=2e-2):
         opt.step()
 
 
+def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+        from callbacks.vllm_sync import fsdp_root_unsharded, trainer_logprobs
+        from r3lightning.models import tokenizer_from_json
+
+        tokenizer = tokenizer_from_json(tokenizer_json)
+        policy = build_tiny_model(SPEC, tokenizer, seed=0)
+        prompts = [tokenizer("What is 17 + 25?")["input_ids"], tokenizer("Name three")["input_ids"]]
+        completions = [[5, 6, 7], [8, 9]]
+        pad = tokenizer.pad_token_id
+        expected = trainer_logprobs(policy, prompts, completions, pad, torch.device("cpu"))
+        holder = torch.nn.Module()
+        holder.policy = policy  # stands in for the LightningModule that Lightning wraps
+        root = FSDP(holder, auto_wrap_policy=ModuleWrapPolicy({Qwen2DecoderLayer}), device_id=torch.device("cpu"))
+        with fsdp_root_unsharded(root):
+            got = trainer_logprobs(policy, prompts, completions, pad, torch.device("cpu"))
+        diff = max(float((a - b).abs().max()) for a, b in zip(got, expected))
+        if rank == 0:
+            torch.save({"diff": diff}, result_path)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_probe_forward_under_fsdp_matches_the_unsharded_model(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tokenizer = build_tokenizer(CORPUS, SPEC.vocab_size)
+    result = tmp_path / "probe.pt"
+    torch.multiprocessing.start_processes(
+        _fsdp_probe_worker, args=(2, port, tokenizer.backend_tokenizer.to_str(), str(result)), nprocs=2, join=True,
+        # fork (fast) unless this process already has a process group (an in-process vLLM made one)
+        start_method="spawn" if torch.distributed.is_initialized() else "fork",
+    )
+    assert torch.load(result)["diff"] < 1e-5
+
+
 @pytest.fixture(scope="module")
 def lora_setup():
     pytest.importorskip("vllm")
@@ -169,46 +214,3 @@ def test_r3l_fit_with_the_vllm_engine(tmp_path, monkeypatch):
     assert "sync/weight_version" in cli.trainer.logged_metrics or "sync/weight_version" in cli.trainer.callback_metrics
     cli.model.engine.close()
 
-
-def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
-
-        from callbacks.vllm_sync import fsdp_root_unsharded, trainer_logprobs
-        from r3lightning.models import tokenizer_from_json
-
-        tokenizer = tokenizer_from_json(tokenizer_json)
-        policy = build_tiny_model(SPEC, tokenizer, seed=0)
-        prompts = [tokenizer("What is 17 + 25?")["input_ids"], tokenizer("Name three")["input_ids"]]
-        completions = [[5, 6, 7], [8, 9]]
-        pad = tokenizer.pad_token_id
-        expected = trainer_logprobs(policy, prompts, completions, pad, torch.device("cpu"))
-        holder = torch.nn.Module()
-        holder.policy = policy  # stands in for the LightningModule that Lightning wraps
-        root = FSDP(holder, auto_wrap_policy=ModuleWrapPolicy({Qwen2DecoderLayer}), device_id=torch.device("cpu"))
-        with fsdp_root_unsharded(root):
-            got = trainer_logprobs(policy, prompts, completions, pad, torch.device("cpu"))
-        diff = max(float((a - b).abs().max()) for a, b in zip(got, expected))
-        if rank == 0:
-            torch.save({"diff": diff}, result_path)
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def test_probe_forward_under_fsdp_matches_the_unsharded_model(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tokenizer = build_tokenizer(CORPUS, SPEC.vocab_size)
-    result = tmp_path / "probe.pt"
-    torch.multiprocessing.start_processes(
-        _fsdp_probe_worker, args=(2, port, tokenizer.backend_tokenizer.to_str(), str(result)), nprocs=2, join=True,
-        start_method="fork",
-    )
-    assert torch.load(result)["diff"] < 1e-5

@@ -154,12 +154,13 @@ def test_fsdp_parameters_are_gathered_unit_by_unit(tokenizer, tmp_path):
         s.bind(("127.0.0.1", 0))
         os.environ["R3L_TEST_PORT"] = str(s.getsockname()[1])
     result = tmp_path / "result.pt"
-    torch.multiprocessing.start_processes(  # fork: the children need not import torch again
+    torch.multiprocessing.start_processes(
         _fsdp_worker,
         args=(2, str(tmp_path), tokenizer.backend_tokenizer.to_str(), SPEC.__dict__, str(result)),
         nprocs=2,
         join=True,
-        start_method="fork",
+        # fork (fast) unless this process already has a process group (an in-process vLLM made one)
+        start_method="spawn" if torch.distributed.is_initialized() else "fork",
     )
     out = torch.load(result)
     assert out["names"] == out["expected"]

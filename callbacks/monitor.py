@@ -18,7 +18,6 @@ import time
 from typing import Any, Optional
 
 import lightning as L
-import torch
 from torchmetrics import MeanMetric, SumMetric
 
 from r3lightning.algos import kl_estimate
@@ -65,14 +64,17 @@ class TrainingDynamicsMonitor(L.Callback):
         self._log_weight_version = True
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for metric in self.metrics.values():
-            metric.to(pl_module.device)
         self._log_weight_version = not any(_logs_weight_version(cb) for cb in trainer.callbacks if cb is not self)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        for metric in self.metrics.values():
+            # Here, not in setup: the strategy moves the module to its device after setup, and the
+            # cross-rank reduction (NCCL) needs the metric states on that device.
+            if metric.device != pl_module.device:
+                metric.to(pl_module.device)
         values: dict[str, float] = {}
         experience = getattr(pl_module, "last_experience", None)
         if experience is not None:
@@ -109,10 +111,11 @@ class TrainingDynamicsMonitor(L.Callback):
         when no rank contributed (weight 0 everywhere), so an empty step logs no fake zero.
         """
         metric = self.metrics[name]
+        # Python floats: torchmetrics creates them on the metric's device.
         if isinstance(metric, MeanMetric):
-            metric.update(torch.tensor(value, dtype=torch.float32), weight=torch.tensor(weight, dtype=torch.float32))
+            metric.update(float(value), weight=float(weight))
         else:
-            metric.update(torch.tensor(value, dtype=torch.float32))
+            metric.update(float(value))
         result = float(metric.compute())
         metric.reset()
         return {name: result} if math.isfinite(result) else {}

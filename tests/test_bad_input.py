@@ -8,7 +8,9 @@ with another model (tests/module/test_resume.py).
 """
 
 import json
+import sys
 import time
+from unittest import mock
 
 import lightning as L
 import pytest
@@ -34,7 +36,7 @@ ARITHMETIC = dict(source="arithmetic", num_val_tasks=4, instruction="")
 
 # ---- configuration and files given to `r3l fit` ---------------------------------------------------
 def run_cli(tmp_path, capsys, *args):
-    with pytest.raises(SystemExit) as exit_info:
+    with mock.patch.object(sys, "argv", ["r3l"]), pytest.raises(SystemExit) as exit_info:
         main(["fit", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", *args])
     return exit_info.value.code, capsys.readouterr().err
 

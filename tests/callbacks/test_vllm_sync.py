@@ -2,6 +2,7 @@
 log-prob probe (including a deliberately dropped sync), and a short ``r3l fit`` with the vllm engine."""
 
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,6 +53,19 @@ def train(policy, tokenizer, steps=2, lr=2e-2):
         opt.step()
 
 
+
+def run_workers(fn, args, nprocs, start_method, timeout_s=240):
+    """start_processes with a deadline: a hung worker fails the test instead of the whole run."""
+    import time
+
+    context = torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{fn.__name__}: workers did not finish within {timeout_s} s")
+
 def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -81,6 +95,7 @@ def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo processes; hung under heavy CPU contention, kept out of CI
 def test_probe_forward_under_fsdp_matches_the_unsharded_model(tmp_path):
     import socket
 
@@ -89,10 +104,10 @@ def test_probe_forward_under_fsdp_matches_the_unsharded_model(tmp_path):
         port = s.getsockname()[1]
     tokenizer = build_tokenizer(CORPUS, SPEC.vocab_size)
     result = tmp_path / "probe.pt"
-    torch.multiprocessing.start_processes(
-        _fsdp_probe_worker, args=(2, port, tokenizer.backend_tokenizer.to_str(), str(result)), nprocs=2, join=True,
-        # fork (fast) unless this process already has a process group (an in-process vLLM made one)
-        start_method="spawn" if torch.distributed.is_initialized() else "fork",
+    run_workers(
+        _fsdp_probe_worker, args=(2, port, tokenizer.backend_tokenizer.to_str(), str(result)), nprocs=2,
+        # fork (fast) unless vLLM was loaded here: its OpenMP/thread state makes forked children hang
+        start_method="spawn" if "vllm" in sys.modules or torch.distributed.is_initialized() else "fork",
     )
     assert torch.load(result)["diff"] < 1e-5
 

@@ -113,6 +113,19 @@ def test_buckets_are_bounded(tokenizer):
     assert [n for b in buckets for n, _ in b] == [n for n, _ in iter_policy_weights(policy)]
 
 
+
+def run_workers(fn, args, nprocs, start_method, timeout_s=240):
+    """start_processes with a deadline: a hung worker fails the test instead of the whole run."""
+    import time
+
+    context = torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{fn.__name__}: workers did not finish within {timeout_s} s")
+
 def _fsdp_worker(rank, world, tmpdir, tokenizer_json, spec_dict, result_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["R3L_TEST_PORT"])
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -147,6 +160,7 @@ def _fsdp_worker(rank, world, tmpdir, tokenizer_json, spec_dict, result_path):
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo processes; hung under heavy CPU contention, kept out of CI
 def test_fsdp_parameters_are_gathered_unit_by_unit(tokenizer, tmp_path):
     import socket
 
@@ -154,13 +168,12 @@ def test_fsdp_parameters_are_gathered_unit_by_unit(tokenizer, tmp_path):
         s.bind(("127.0.0.1", 0))
         os.environ["R3L_TEST_PORT"] = str(s.getsockname()[1])
     result = tmp_path / "result.pt"
-    torch.multiprocessing.start_processes(
+    run_workers(
         _fsdp_worker,
         args=(2, str(tmp_path), tokenizer.backend_tokenizer.to_str(), SPEC.__dict__, str(result)),
         nprocs=2,
-        join=True,
-        # fork (fast) unless this process already has a process group (an in-process vLLM made one)
-        start_method="spawn" if torch.distributed.is_initialized() else "fork",
+        # fork (fast) unless vLLM was loaded here: its OpenMP/thread state makes forked children hang
+        start_method="spawn" if "vllm" in sys.modules or torch.distributed.is_initialized() else "fork",
     )
     out = torch.load(result)
     assert out["names"] == out["expected"]

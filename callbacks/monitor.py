@@ -25,8 +25,16 @@ from r3lightning.types import Trajectory
 
 
 def log_dir_of(trainer: L.Trainer) -> str:
-    """The run's log directory (the TensorBoard version folder), or the trainer's root directory."""
-    return trainer.log_dir or trainer.default_root_dir
+    """The run's log directory (the TensorBoard version folder), or the trainer's root directory.
+
+    Asks the logger itself: ``Trainer.log_dir`` is a collective (broadcast) under DDP and hangs when
+    only rank 0 calls it, as these callbacks do.
+    """
+    for logger in trainer.loggers:
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir:
+            return log_dir
+    return trainer.default_root_dir
 
 
 class TrainingDynamicsMonitor(L.Callback):

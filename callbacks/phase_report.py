@@ -8,6 +8,8 @@ from typing import Any
 
 import lightning as L
 
+from callbacks.monitor import log_dir_of
+
 
 class PhaseReport(L.Callback):
     """Collects ``val/*`` after every validation, tagged with the phase, and prints a summary.
@@ -36,8 +38,6 @@ class PhaseReport(L.Callback):
         }
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # log_dir is a collective call under DDP: every rank must ask before rank 0 goes on alone.
-        log_dir = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero or not self.records:
             return
         summary = self.summary()
@@ -50,6 +50,7 @@ class PhaseReport(L.Callback):
                     f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
                 )
         print("\n".join(lines), flush=True)
+        log_dir = log_dir_of(trainer)
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, "phase_report.json"), "w") as handle:
             json.dump(summary, handle, indent=2)

@@ -363,34 +363,48 @@ class R3LightningModule(L.LightningModule):
             "rl_seqs": self._reduce_sum((rl_mask.sum(-1) > 0).sum()),
             "sft_tokens": self._reduce_sum(experience.sft_mask[:, 1:].sum()),
         }
-        world = self.trainer.world_size
+        # Every loss is a global sum / global count, so the gradients of all ranks must be *summed*.
+        # Under DDP we do that ourselves once per step (below); FSDP averages, so undo its mean.
+        scale = 1.0 if self._sums_gradients_itself() else float(self.trainer.world_size)
         size = self.optim_config.micro_batch_size
         stats: dict[str, float] = {}
         for _ in range(max(cfg.update_epochs, 1)):
             optimizer.zero_grad(set_to_none=True)
-            starts = list(range(0, len(experience), size))
             sums: dict[str, float] = {}
-            for i, start in enumerate(starts):
+            for start in range(0, len(experience), size):
                 micro = experience.slice(start, start + size).to(self.device)
-                sync = i == len(starts) - 1
-                with self._maybe_no_sync(sync):
-                    losses = self.micro_batch_loss(micro, totals)
-                    # DDP averages gradients over ranks; the losses are already global sums / global
-                    # counts, so undo the average.
-                    self.manual_backward(losses["loss"] * world)
+                losses = self.micro_batch_loss(micro, totals)
+                self.manual_backward(losses["loss"] * scale)
                 for name, value in losses.items():
                     value = float(value.detach())
                     sums[name] = max(sums.get(name, value), value) if name == "ratio_max" else sums.get(name, 0.0) + value
+            self._sum_gradients_over_ranks()
             stats = self._finish_update(optimizer, sums)
         return stats
 
-    def _maybe_no_sync(self, sync: bool):
-        """Skip DDP's gradient all-reduce on all but the last micro-batch. Not under FSDP, where
-        no_sync would keep full unsharded gradients on every rank."""
-        model = self.trainer.model
-        if sync or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return contextlib.nullcontext()
-        return model.no_sync()
+    def _sums_gradients_itself(self) -> bool:
+        return self._trainer is not None and isinstance(self.trainer.model, torch.nn.parallel.DistributedDataParallel)
+
+    def on_train_start(self) -> None:
+        if self._sums_gradients_itself():
+            # DDP's reducer expects exactly one backward per forward; a step here runs a backward per
+            # micro-batch inside one forward. Gradients are summed by _sum_gradients_over_ranks.
+            self.trainer.model.require_backward_grad_sync = False
+
+    def _sum_gradients_over_ranks(self) -> None:
+        """All-reduce (sum) every trainable gradient in one flat buffer; missing ones count as zero so
+        every rank sends the same layout."""
+        if not self._sums_gradients_itself() or self.trainer.world_size == 1:
+            return
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        torch.distributed.all_reduce(flat)
+        for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(summed)
 
     def micro_batch_loss(self, micro: ExperienceBatch, totals: dict[str, float]) -> dict[str, torch.Tensor]:
         """Loss terms of one micro-batch, each already divided by the global counts."""

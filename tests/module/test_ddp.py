@@ -44,3 +44,25 @@ def test_two_process_ddp_shards_tasks_and_keeps_replicas_identical(tmp_path):
     # Replicas start equal, train, and stay bit-identical.
     assert ranks[0]["initial_hash"] == ranks[1]["initial_hash"]
     assert ranks[0]["final_hash"] == ranks[1]["final_hash"] != ranks[0]["initial_hash"]
+
+
+def test_cli_ddp_recipe_with_default_callbacks_and_one_micro_batch(tmp_path):
+    """`r3l fit` with configs/trainer/ddp.yaml: the default callbacks (sample logger, phase report)
+    must not make rank-0-only collective calls, and a single micro-batch per step must work."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "r3lightning.cli", "fit",
+            "--config", str(ROOT / "configs/examples/grpo_arithmetic_cpu.yaml"),
+            "--config", str(ROOT / "configs/trainer/cpu.yaml"),
+            "--config", str(ROOT / "configs/trainer/ddp.yaml"),
+            "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
+            "--model.phases.sft_warmup_steps", "1", "--model.optim.micro_batch_size", "512",
+            "--data.suite.init_args.num_val_tasks", "8", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger.init_args.save_dir", str(tmp_path),
+        ],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "after RL" in done.stdout
+    assert list(tmp_path.rglob("rollout_samples.jsonl"))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import json
 import os
 import random
 import re

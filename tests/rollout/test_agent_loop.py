@@ -2,7 +2,6 @@
 
 import time
 
-import pytest
 import torch
 
 from r3lightning.data.collate import collate_experience

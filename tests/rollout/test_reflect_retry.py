@@ -2,12 +2,11 @@
 
 import json
 
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from r3lightning.data.collate import collate_experience
-from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
+from r3lightning.rollout.agent_loop import AgentLoop
 from r3lightning.rollout.engine import Generation, SamplingParams
 from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill, parse_reflection
 from r3lightning.rollout.hf_engine import HFEngine

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -49,6 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
 from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402
@@ -136,23 +136,6 @@ def warm_start(model, loop: AgentLoop, suite, steps: int, lr: float, seed: int) 
     return {"steps": steps, "lr": lr, "final_loss": loss.item(), "seconds": time.perf_counter() - start}
 
 
-def machine() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return info
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -232,7 +215,7 @@ def main() -> None:
                                     "response parsed to an action and reached Environment.step",
             "statistic": "one timed pass per batch size after one warm-up episode",
         },
-        "machine": machine(),
+        "machine": machine_info(),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
 from r3lightning.models import build_tokenizer  # noqa: E402
 from r3lightning.rollout.engine import SamplingParams  # noqa: E402
@@ -117,19 +117,7 @@ def sync_seconds(engine, policy, bucket_mb: int) -> tuple[float, int]:
 
 
 def machine() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
+    info = machine_info()
     try:
         import vllm
 

@@ -37,6 +37,7 @@ from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.envs.textworld_env import (
     SimulatorPool,
     attach_lease,
+    close_simulator,
     finite_index,
     import_optional,
     normalize_command,
@@ -105,10 +106,6 @@ def _start_alfworld(game_file: Hashable) -> Any:
     alfred_tw_env = import_optional("alfworld.agents.environment.alfred_tw_env", "ALFWorld games")
     infos = textworld.EnvInfos(won=True, admissible_commands=True)
     return textworld.start(str(game_file), request_infos=infos, wrappers=[alfred_tw_env.AlfredDemangler(shuffle=False)])
-
-
-def _close(env: Any) -> None:
-    env.close()
 
 
 class ALFWorldEnv:
@@ -210,7 +207,7 @@ class ALFWorldSuite(TaskSuite):
         self.list_admissible = list_admissible
         self.seed = seed
         self.system_prompt = system_prompt
-        self.pool = SimulatorPool(_start_alfworld, _close, max_idle=max_idle_games)
+        self.pool = SimulatorPool(_start_alfworld, close_simulator, max_idle=max_idle_games)
         if not root.is_dir():
             raise FileNotFoundError(missing_data_message(root, "the folder does not exist"))
         if not self._train_games:

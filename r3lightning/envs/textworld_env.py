@@ -280,7 +280,8 @@ def quiet_jericho() -> Iterator[None]:
         yield
 
 
-def _close_textworld(env: Any) -> None:
+def close_simulator(env: Any) -> None:
+    """Pool callback for simulators with a plain ``close()`` (TextWorld and ALFWorld games)."""
     env.close()
 
 
@@ -403,7 +404,7 @@ class TextWorldSuite(TaskSuite):
         self.list_admissible = list_admissible
         self.seed = seed
         self.system_prompt = system_prompt
-        self.pool = SimulatorPool(_start_textworld, _close_textworld, max_idle=max_idle_games)
+        self.pool = SimulatorPool(_start_textworld, close_simulator, max_idle=max_idle_games)
         if self.games_dir is not None:
             if not self.games_dir.is_dir():
                 raise FileNotFoundError(f"games_dir {str(self.games_dir)!r} is not a folder")

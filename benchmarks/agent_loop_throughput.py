@@ -23,14 +23,20 @@ took 25 ms at batch 1 and 360 ms at batch 64 with 2 threads, against 6.6 and 29 
 and 5.2x with 1).
 
 What limits the speedup (measured on that box, one thread): at batch 1 a turn costs about 30 ms, almost
-all of it per-token overhead of ``generate`` (16 decoding steps of ~2 ms); prefilling the ~600-token
-context is 10% of it. At batch 64 the overhead is shared, but the ``hf`` engine re-encodes every
-episode's whole conversation on every turn (no KV cache is kept between turns), left-padded to the
-longest context of the batch (18% padding): prefill was 87% of the batch-64 ``generate`` time, about
-14 ms per episode-turn, so 64 episodes ran only ~2.4x faster than one at a time. Reusing each episode's
-KV cache across turns (or the ``vllm`` engine's prefix caching) removes that term.
+all of it per-token overhead of ``generate`` (16 decoding steps of ~2 ms). At batch 64 that overhead is
+shared and the cost is attention and prefill. Without its prefix cache the ``hf`` engine re-encoded
+every episode's whole conversation (~600 tokens) on every turn, left-padded to the longest context of
+the batch: prefill was 87% of the batch-64 ``generate`` time and 64 episodes ran only 2.4-2.9x faster
+than one at a time. The prefix cache (``HFEngine(prefix_cache=True)``, the default) keeps each finished
+sequence's KV, so a turn prefills only its new observation (81% of prompt tokens come from the cache);
+``--no-prefix-cache`` measures the engine without it.
+
+Each batch size is timed ``--repeats`` times (default 3), interleaved (1, 16, 64, 1, 16, 64, ...) so that
+load from other processes falls on all of them alike; the median pass is reported.
 
     python benchmarks/agent_loop_throughput.py --out benchmarks/results/agent_loop_throughput_cpu.json
+    python benchmarks/agent_loop_throughput.py --no-prefix-cache \
+        --out benchmarks/results/agent_loop_throughput_cpu_no_prefix_cache.json
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class TimedEngine:
 def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: SamplingParams, seed: int) -> dict:
     """Play ``tasks`` in runs of ``batch`` concurrent episodes; totals over all runs."""
     engine.calls.clear()
+    engine.inner.stats.update(prompt_tokens=0, reused_prompt_tokens=0)
     torch.manual_seed(seed)
     trajectories = []
     start = time.perf_counter()
@@ -105,6 +112,7 @@ def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: Sampli
         "mean_generate_batch": statistics.fmean(c[1] for c in engine.calls),
         "prompt_tokens": sum(c[3] for c in engine.calls),
         "padded_prompt_tokens": sum(c[4] for c in engine.calls),
+        "prefix_cache_hit_rate": engine.inner.cache_hit_rate(),
         "successes": sum(t.success for t in trajectories),
         "end_reasons": sorted({t.info["end_reason"] for t in trajectories}),
     }
@@ -155,6 +163,12 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=150,
                         help="SFT steps on expert demonstrations before timing (0: the random-init model)")
     parser.add_argument("--sft-lr", type=float, default=3e-3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed passes per batch size, interleaved across batch sizes so that load changes "
+                             "on a shared machine hit all of them alike; the median pass is reported")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="re-prefill every episode's whole conversation on every turn (the engine before "
+                             "its prefix cache)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,7 +179,7 @@ def main() -> None:
     spec = TinyModelSpec(hidden_size=args.hidden_size, num_layers=args.num_layers, num_attention_heads=2,
                          num_key_value_heads=1, intermediate_size=2 * args.hidden_size, vocab_size=args.vocab_size)
     model = build_tiny_model(spec, tokenizer, seed=args.seed).to(args.device)
-    engine = TimedEngine(HFEngine(model, tokenizer, max_batch_size=max(args.batches)))
+    engine = TimedEngine(HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache))
     loop = AgentLoop(suite, engine, tokenizer, agent)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     tasks = [suite.train_task(i) for i in range(args.episodes)]
@@ -175,9 +189,14 @@ def main() -> None:
 
     play(loop, engine, tasks[:1], 1, params, args.seed)  # warm-up
     figures: dict[str, float] = {}
+    passes: dict[int, list[dict]] = {batch: [] for batch in args.batches}
+    for _ in range(args.repeats):
+        for batch in args.batches:
+            passes[batch].append(play(loop, engine, tasks, batch, params, args.seed))
     runs = {}
     for batch in args.batches:
-        r = play(loop, engine, tasks, batch, params, args.seed)
+        r = sorted(passes[batch], key=lambda p: p["wall_s"])[len(passes[batch]) // 2]
+        r["wall_s_all_passes"] = [p["wall_s"] for p in passes[batch]]
         runs[batch] = r
         figures[f"episodes_per_s_batch{batch}"] = r["episodes"] / r["wall_s"]
         figures[f"env_steps_per_s_batch{batch}"] = r["turns"] / r["wall_s"]
@@ -189,6 +208,7 @@ def main() -> None:
         figures[f"cpu_s_per_wall_s_batch{batch}"] = r["cpu_s"] / r["wall_s"]
         figures[f"prompt_tokens_per_turn_batch{batch}"] = r["prompt_tokens"] / r["turns"]
         figures[f"padding_fraction_batch{batch}"] = 1 - r["prompt_tokens"] / r["padded_prompt_tokens"]
+        figures[f"prefix_cache_hit_rate_batch{batch}"] = r["prefix_cache_hit_rate"]
         print(f"batch {batch}: {json.dumps({k: v for k, v in r.items()})}", flush=True)
     first, last = min(args.batches), max(args.batches)
     figures[f"speedup_{last}_vs_{first}"] = figures[f"env_steps_per_s_batch{last}"] / figures[f"env_steps_per_s_batch{first}"]
@@ -202,6 +222,7 @@ def main() -> None:
         "config": {
             "suite": {"class": "ProceduralWorldSuite", "difficulty": args.difficulty, "max_turns": suite.max_turns},
             "engine": "hf",
+            "prefix_cache": not args.no_prefix_cache,
             "device": args.device,
             "model": {**spec.__dict__, "params": count_parameters(model)},
             "warm_start": sft,
@@ -213,7 +234,7 @@ def main() -> None:
             "runs": {str(b): r for b, r in runs.items()},
             "env_steps_definition": "agent turns (each counts toward the step limit); env_calls: turns whose "
                                     "response parsed to an action and reached Environment.step",
-            "statistic": "one timed pass per batch size after one warm-up episode",
+            "statistic": f"median of {args.repeats} timed passes per batch size (interleaved), after one warm-up episode",
         },
         "machine": machine_info(),
     }

@@ -37,6 +37,10 @@ class EngineConfig:
             multi-turn histories); reset after every weight sync.
         sleep_mode: vllm on GPU: free vLLM's GPU memory (weights offloaded to CPU, KV cache dropped)
             while the trainer runs backward passes, and wake it for the next rollout; ignored on CPU.
+        hf_prefix_cache: hf: keep each finished sequence's KV cache so the next turn of an episode
+            prefills only its new tokens; dropped whenever the weights change.
+        hf_max_cached_tokens: hf: most tokens the prefix cache holds (memory: tokens x layers x 2 x
+            kv_heads x head_dim x dtype size).
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -50,12 +54,20 @@ class EngineConfig:
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     sleep_mode: bool = False
+    hf_prefix_cache: bool = True
+    hf_max_cached_tokens: int = 65536
 
 
 def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> RolloutEngine:
     """The engine ``config`` names, generating with ``policy``'s weights."""
     if config.backend == "hf":
-        return HFEngine(policy, tokenizer, max_batch_size=config.max_batch_size)
+        return HFEngine(
+            policy,
+            tokenizer,
+            max_batch_size=config.max_batch_size,
+            prefix_cache=config.hf_prefix_cache,
+            max_cached_tokens=config.hf_max_cached_tokens,
+        )
     if config.backend == "vllm":
         from r3lightning.rollout.vllm_engine import VLLMEngine
 

@@ -1,10 +1,86 @@
-"""The ``hf`` engine: ``generate`` on the live policy module (no weight sync needed)."""
+"""The ``hf`` engine: ``generate`` on the live policy module (no weight sync needed), with the KV cache
+of each finished sequence kept so that the next turn of a multi-turn episode prefills only its new
+tokens."""
 
 from __future__ import annotations
 
+from collections import Counter, OrderedDict
+from typing import Optional
+
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
+
+LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [kv_heads, L, head_dim]
+
+
+class PrefixKVCache:
+    """Key/value tensors of finished sequences, keyed by their token ids, least recently used first out.
+
+    A multi-turn episode's next prompt is its previous prompt + completion + the new observation, so
+    the longest stored sequence that prefixes a prompt covers all but the newest tokens. Holds at most
+    ``max_tokens`` tokens in all. Lookups compare one hash per stored length, not token lists: the
+    prompt's prefix hashes come from one vectorized cumulative sum (of token x a random weight per
+    position, wrapping in int64); a hash match is then confirmed on the tokens.
+    """
+
+    def __init__(self, max_tokens: int, seed: int = 0) -> None:
+        self.max_tokens = max_tokens
+        self.entries: OrderedDict[tuple[int, ...], tuple[int, LayerKV]] = OrderedDict()  # key -> (hash, kv)
+        self.by_hash: dict[tuple[int, int], tuple[int, ...]] = {}  # (length, hash) -> key
+        self.lengths: Counter[int] = Counter()
+        self.tokens = 0
+        self._generator = torch.Generator().manual_seed(seed)
+        self._weights = torch.empty(0, dtype=torch.long)
+
+    def _weighted(self, token_ids: list[int]) -> torch.Tensor:
+        if len(token_ids) > len(self._weights):
+            extra = torch.randint(-(2**62), 2**62, (max(len(token_ids), 1024) - len(self._weights),), generator=self._generator)
+            self._weights = torch.cat([self._weights, extra])
+        return torch.tensor(token_ids, dtype=torch.long) * self._weights[: len(token_ids)]
+
+    def longest_prefix(self, prompt: list[int]) -> tuple[int, Optional[LayerKV]]:
+        """(length, kv) of the longest stored sequence that is a proper prefix of ``prompt`` (at least
+        one prompt token is left to prefill: generation needs the last prompt token's logits)."""
+        if not self.entries or len(prompt) < 2:
+            return 0, None
+        hashes = torch.cumsum(self._weighted(prompt[:-1]), dim=0).tolist()  # hashes[i]: prompt[: i + 1]
+        for length in sorted((n for n in self.lengths if n < len(prompt)), reverse=True):
+            key = self.by_hash.get((length, hashes[length - 1]))
+            if key is not None and tuple(prompt[:length]) == key:
+                self.entries.move_to_end(key)
+                return length, self.entries[key][1]
+        return 0, None
+
+    def put(self, token_ids: list[int], kv: LayerKV) -> None:
+        key = tuple(token_ids)
+        if not key or len(key) > self.max_tokens:
+            return
+        if key in self.entries:
+            self._remove(key)
+        digest = int(self._weighted(token_ids).sum())
+        self.entries[key] = (digest, kv)
+        self.by_hash[(len(key), digest)] = key
+        self.lengths[len(key)] += 1
+        self.tokens += len(key)
+        while self.tokens > self.max_tokens:
+            self._remove(next(iter(self.entries)))
+
+    def _remove(self, key: tuple[int, ...]) -> None:
+        digest, _ = self.entries.pop(key)
+        self.by_hash.pop((len(key), digest), None)
+        self.lengths[len(key)] -= 1
+        if not self.lengths[len(key)]:
+            del self.lengths[len(key)]
+        self.tokens -= len(key)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.by_hash.clear()
+        self.lengths.clear()
+        self.tokens = 0
 
 
 class HFEngine:
@@ -12,48 +88,87 @@ class HFEngine:
 
     Because it shares the trainer's parameters, every rollout sees the latest optimizer step;
     ``weight_version`` is advanced by the module after each step for bookkeeping only.
-    max_batch_size: prompts per ``generate`` call (bounds activation memory).
+
+    Args:
+        model: the policy (a transformers causal LM).
+        tokenizer: its tokenizer (eos = end of turn, pad token set).
+        max_batch_size: prompts per ``generate`` call (bounds activation memory).
+        prefix_cache: keep each finished sequence's KV cache and reuse it for prompts that extend it
+            (the next turn of an episode, a retry that replays a prefix). Entries are dropped whenever
+            any parameter changes (an optimizer step, a checkpoint load), detected from the tensors'
+            in-place version counters, so reuse never mixes weights.
+        max_cached_tokens: most tokens the prefix cache holds, over all sequences.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        max_batch_size: int = 64,
+        prefix_cache: bool = True,
+        max_cached_tokens: int = 65536,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.weight_version = 0
         self.stop_token_ids = {tokenizer.eos_token_id}
+        self.prefix_cache = PrefixKVCache(max_cached_tokens) if prefix_cache else None
+        self._cached_under: Optional[int] = None
+        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0}
+
+    def cache_hit_rate(self) -> float:
+        """Share of all prompt tokens so far whose KV came from the prefix cache."""
+        return self.stats["reused_prompt_tokens"] / max(self.stats["prompt_tokens"], 1)
+
+    def metrics(self) -> dict[str, float]:
+        """Figures the module logs each step: the cache hit rate so far, and how often the model's
+        cache type forced the prefix cache off (a fallback to full prefill)."""
+        return {
+            "perf/prefix_cache_hit_rate": self.cache_hit_rate(),
+            "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
+        }
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        self._drop_stale_cache()
         results: list[Generation] = []
         for start in range(0, len(prompts), self.max_batch_size):
             results.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
         return results
 
+    def _drop_stale_cache(self) -> None:
+        if self.prefix_cache is None:
+            return
+        # Every in-place write (optimizer step, load_state_dict) bumps a tensor's version counter.
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._cached_under:
+            self.prefix_cache.clear()
+            self._cached_under = version
+
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
         device = next(self.model.parameters()).device
-        pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
-        # Left padding so every prompt ends at the same position and decoding appends in lockstep.
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
+        cached = [self.prefix_cache.longest_prefix(p) for p in prompts] if self.prefix_cache else [(0, None)] * len(prompts)
+        input_ids, attention_mask, past = self._batch_inputs(prompts, cached, device)
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["reused_prompt_tokens"] += sum(n for n, _ in cached)
+        width = input_ids.shape[1]
         was_training = self.model.training
         self.model.eval()
         try:
             out = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=past,
                 do_sample=not params.greedy,
                 temperature=params.temperature if not params.greedy else None,
                 top_p=params.top_p if not params.greedy else None,
                 top_k=None,
                 max_new_tokens=params.max_new_tokens,
                 eos_token_id=sorted(self.stop_token_ids),
-                pad_token_id=pad,
+                pad_token_id=self.tokenizer.pad_token_id,
                 stop_strings=params.stop or None,
                 tokenizer=self.tokenizer if params.stop else None,
                 return_dict_in_generate=True,
@@ -66,7 +181,7 @@ class HFEngine:
         scale = params.temperature if not params.greedy else 1.0
         logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         budget_hit = new_tokens.shape[1] >= params.max_new_tokens
-        return [
+        generations = [
             truncate_at_stop(
                 new_tokens[row].tolist(),
                 logprobs[row].tolist(),
@@ -77,3 +192,60 @@ class HFEngine:
             )
             for row in range(len(prompts))
         ]
+        if self.prefix_cache is not None:
+            self._store(prompts, generations, attention_mask, out.past_key_values)
+        return generations
+
+    def _batch_inputs(
+        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, Optional[DynamicCache]]:
+        """Token ids and attention mask [B, C + S] and the batch cache of length C.
+
+        Row i is laid out as ``pad | cached prefix (c_i) | pad | uncached suffix``: the cached parts are
+        left-padded to the longest cached prefix C and the suffixes to the longest suffix S, so every
+        row ends at the same column and decoding appends in lockstep. Padding in the middle is only
+        masked out; position ids follow the mask, so each row sees itself as unpadded.
+        """
+        pad = self.tokenizer.pad_token_id
+        cache_width = max(n for n, _ in cached)
+        suffix_width = max(len(p) - n for p, (n, _) in zip(prompts, cached))
+        width = cache_width + suffix_width
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, (prompt, (n, _)) in enumerate(zip(prompts, cached)):
+            input_ids[row, cache_width - n : cache_width] = torch.tensor(prompt[:n], dtype=torch.long)
+            attention_mask[row, cache_width - n : cache_width] = 1
+            suffix = prompt[n:]
+            input_ids[row, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            attention_mask[row, width - len(suffix) :] = 1
+        if cache_width == 0:
+            return input_ids.to(device), attention_mask.to(device), None
+        layers = []
+        reference = next(kv for _, kv in cached if kv is not None)
+        for layer, (ref_k, ref_v) in enumerate(reference):
+            keys = ref_k.new_zeros((len(prompts), ref_k.shape[0], cache_width, ref_k.shape[2]))
+            values = ref_v.new_zeros((len(prompts), ref_v.shape[0], cache_width, ref_v.shape[2]))
+            for row, (n, kv) in enumerate(cached):
+                if kv is not None:
+                    keys[row, :, cache_width - n :] = kv[layer][0]
+                    values[row, :, cache_width - n :] = kv[layer][1]
+            layers.append((keys, values))
+        return input_ids.to(device), attention_mask.to(device), DynamicCache(ddp_cache_data=layers)
+
+    def _store(
+        self, prompts: list[list[int]], generations: list[Generation], attention_mask: torch.Tensor, cache
+    ) -> None:
+        """Keep each row's KV for prompt + completion minus its last token (never fed to the model)."""
+        if not all(type(layer) is DynamicLayer for layer in cache.layers):
+            # Sliding-window or linear-attention caches cannot be cut and re-padded per row.
+            self.stats["prefix_cache_unsupported"] += 1
+            self.prefix_cache = None
+            return
+        width = attention_mask.shape[1]
+        for row, (prompt, gen) in enumerate(zip(prompts, generations)):
+            fed = max(len(gen.token_ids) - 1, 0)
+            columns = torch.cat(
+                [attention_mask[row].nonzero().squeeze(1), torch.arange(width, width + fed, device=attention_mask.device)]
+            )
+            kv = [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers]
+            self.prefix_cache.put(prompt + gen.token_ids[:fed], kv)

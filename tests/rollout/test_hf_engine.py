@@ -5,7 +5,7 @@ import torch
 from r3lightning.algos import selective_log_softmax
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams, truncate_at_stop
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache
 
 
 def _prompts(tokenizer):
@@ -64,3 +64,70 @@ def test_stop_strings(world_tokenizer, world_policy):
         text = world_tokenizer.decode(gen.token_ids)
         if "e" in text:
             assert world_tokenizer.decode(gen.token_ids[:-1]).count("e") == 0
+
+
+def _recomputed_logprobs(policy, prompt, gen, temperature):
+    ids = torch.tensor([prompt + gen.token_ids])
+    with torch.no_grad():
+        logits = policy(input_ids=ids).logits[:, :-1] / temperature
+    return selective_log_softmax(logits, ids[:, 1:])[0, len(prompt) - 1 :]
+
+
+def test_prefix_cache_reuses_previous_turns_and_matches_recomputation(world_tokenizer, world_policy):
+    """Second turn of three conversations of different lengths: the cached KV (re-padded per row)
+    gives the same behaviour log-probs as a fresh forward pass over the whole conversation."""
+    torch.manual_seed(0)
+    engine = HFEngine(world_policy, world_tokenizer)
+    chat = ChatFormatter(world_tokenizer)
+    first = _prompts(world_tokenizer)
+    params = SamplingParams(temperature=0.8, max_new_tokens=6)
+    turn1 = engine.generate(first, params)
+    observations = ["You take the apple.", "Nothing happens here at all.", "ok"]
+    second = [
+        p + g.token_ids + chat.next_user_turn(o, g.token_ids[-1:] == [world_tokenizer.eos_token_id])
+        for p, g, o in zip(first, turn1, observations)
+    ]
+    reused_before = engine.stats["reused_prompt_tokens"]
+    turn2 = engine.generate(second, params)
+    assert engine.stats["reused_prompt_tokens"] - reused_before == sum(len(p) + len(g.token_ids) - 1 for p, g in zip(first, turn1))
+    for prompt, gen in zip(second, turn2):
+        torch.testing.assert_close(_recomputed_logprobs(world_policy, prompt, gen, 0.8), torch.tensor(gen.logprobs), atol=1e-4, rtol=0)
+
+
+def test_prefix_cache_greedy_equals_uncached_engine(world_tokenizer, world_policy):
+    cached, plain = HFEngine(world_policy, world_tokenizer), HFEngine(world_policy, world_tokenizer, prefix_cache=False)
+    chat = ChatFormatter(world_tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=5)
+    prompts = _prompts(world_tokenizer)
+    for _ in range(3):
+        a, b = cached.generate(prompts, params), plain.generate(prompts, params)
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+        prompts = [p + g.token_ids + chat.next_user_turn("look", g.token_ids[-1:] == [world_tokenizer.eos_token_id]) for p, g in zip(prompts, a)]
+    assert cached.cache_hit_rate() > 0.5 and plain.cache_hit_rate() == 0.0
+
+
+def test_prefix_cache_is_dropped_when_weights_change(world_tokenizer, world_policy):
+    engine = HFEngine(world_policy, world_tokenizer)
+    prompts = _prompts(world_tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    gens = engine.generate(prompts, params)
+    assert engine.prefix_cache.entries
+    with torch.no_grad():
+        for p in world_policy.parameters():
+            p.mul_(1.01)
+    longer = [p + g.token_ids + [world_tokenizer.eos_token_id] for p, g in zip(prompts, gens)]
+    reused_before = engine.stats["reused_prompt_tokens"]
+    engine.generate(longer, params)
+    assert engine.stats["reused_prompt_tokens"] == reused_before
+
+
+def test_prefix_cache_evicts_least_recently_used():
+    cache = PrefixKVCache(max_tokens=5)
+    kv = [(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1))]
+    cache.put([1, 2], kv)
+    cache.put([3, 4], kv)
+    assert cache.longest_prefix([1, 2, 9])[0] == 2  # touches [1, 2]
+    cache.put([5, 6], kv)  # 6 tokens > 5: evicts [3, 4], the least recently used
+    assert cache.longest_prefix([3, 4, 9]) == (0, None)
+    assert cache.longest_prefix([1, 2]) == (0, None)  # a prompt equal to the entry leaves nothing to prefill
+    assert cache.longest_prefix([1, 2, 7])[0] == 2 and cache.tokens == 4

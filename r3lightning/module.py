@@ -263,6 +263,8 @@ class R3LightningModule(L.LightningModule):
             metrics["perf/rollout_tokens_per_s"] = sum(t.num_response_tokens for t in trajectories) / max(
                 metrics["time/rollout_s"], 1e-9
             )
+            if hasattr(self.engine, "metrics"):
+                metrics.update(self.engine.metrics())
         self.last_trajectories = trajectories
         self.last_experience = experience
         start = time.perf_counter()
@@ -422,8 +424,12 @@ class R3LightningModule(L.LightningModule):
         zero = logp.sum() * 0.0
         if totals["rl_tokens"] > 0:
             off_policy = torch.tensor([o == "off_policy" for o in micro.origins], device=logp.device).unsqueeze(1)
+            # An off-policy refinement was sampled in another context (with its critique), so its behaviour
+            # log-probs say nothing about these tokens: its rows take the shaping loss below, and the ratio
+            # of their unused branch is pinned to 1, since an inf there would still turn gradients to NaN.
+            old_logprobs = torch.where(off_policy, logp.detach(), micro.old_logprobs[:, 1:])
             result = algos.policy_loss(
-                logp, micro.old_logprobs[:, 1:], advantages, mask, cfg.policy_loss, cfg.clip_eps_low, cfg.clip_eps_high
+                logp, old_logprobs, advantages, mask, cfg.policy_loss, cfg.clip_eps_low, cfg.clip_eps_high
             )
             per_token = result.per_token
             if off_policy.any():
@@ -435,6 +441,7 @@ class R3LightningModule(L.LightningModule):
                 out["ratio_sum"] = (result.ratio * m).sum().detach()
                 out["ratio_max"] = (result.ratio * m).max().detach() if m.any() else zero.detach()
                 out["clip_count"] = (result.clipped & m).sum().detach().float()
+                out["ratio_count"] = m.sum().detach().float()
             if cfg.kl_coef > 0 and micro.ref_logprobs is not None:
                 kl = algos.kl_estimate(logp, micro.ref_logprobs[:, 1:], cfg.kl_estimator)
                 out["loss_kl"] = cfg.kl_coef * algos.aggregate(kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"])
@@ -481,9 +488,10 @@ class R3LightningModule(L.LightningModule):
         if "kl_ref_sum" in sums:
             stats["train/kl_ref"] = sums["kl_ref_sum"] / max(rl_tokens, 1.0)
         if "ratio_sum" in sums:
-            stats["train/ratio_mean"] = sums["ratio_sum"] / max(rl_tokens, 1.0)
+            # Over the tokens that have a ratio: off-policy refinements have none.
+            stats["train/ratio_mean"] = sums["ratio_sum"] / max(sums["ratio_count"], 1.0)
             stats["train/ratio_max"] = sums["ratio_max"]
-            stats["train/clip_frac"] = sums["clip_count"] / max(rl_tokens, 1.0)
+            stats["train/clip_frac"] = sums["clip_count"] / max(sums["ratio_count"], 1.0)
         if finite:
             optimizer.step()
             self.consecutive_bad_steps = 0

@@ -52,6 +52,12 @@ class Turn:
             )
 
 
+def message_count(turns: list[Turn]) -> int:
+    """Assistant messages in ``turns``: the step turns of one split reasoning message (all but the
+    first have no context of their own) count as one."""
+    return sum(1 for i, turn in enumerate(turns) if i == 0 or turn.context_ids)
+
+
 @dataclass
 class Trajectory:
     """A whole episode of one task.
@@ -97,6 +103,11 @@ class Trajectory:
                 return ids
             ids.extend(turn.response_ids)
         raise IndexError(f"Trajectory {self.task_id!r} has {len(self.turns)} turns, asked for {turn_index}")
+
+    @property
+    def num_messages(self) -> int:
+        """Assistant messages (``message_count``): 1 for a single-turn answer split into steps."""
+        return message_count(self.turns)
 
     @property
     def num_response_tokens(self) -> int:

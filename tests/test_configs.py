@@ -101,7 +101,7 @@ def _same(expected, actual) -> bool:
 
 def test_configs_exist():
     names = {p.relative_to(CONFIGS).as_posix() for p in ALL_YAML}
-    for algo in ("grpo", "dr_grpo", "gspo", "rloo", "reinforce", "opmd", "raft"):
+    for algo in ("grpo", "dr_grpo", "gspo", "rloo", "reinforce", "opmd", "raft", "reflect_grpo", "critique_grpo"):
         assert f"algorithms/{algo}.yaml" in names
     for trainer in ("cpu", "gpu", "ddp", "fsdp", "deepspeed_zero2"):
         assert f"trainer/{trainer}.yaml" in names
@@ -269,3 +269,28 @@ def test_suite_help_documents_its_arguments(cli, suite, fragments):
     text = _flat(out.getvalue())
     for fragment in fragments:
         assert fragment in text
+
+
+GPU_RECIPES = {
+    "r3l_alfworld_qwen2.5-1.5b.yaml": ("r3lightning.envs.alfworld_env.ALFWorldSuite", "max_turns", 25),
+    "r3l_scienceworld_qwen2.5-1.5b.yaml": ("r3lightning.envs.scienceworld_env.ScienceWorldSuite", "max_turns", 30),
+    "r3l_math_qwen2.5-1.5b.yaml": ("r3lightning.envs.math_env.MathSuite", "max_attempts", 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_RECIPES))
+def test_gpu_recipes_run_r3l_on_qwen(cli, name):
+    """The GPU recipes (parsed only: nothing is downloaded) share the R³L settings of issue #4 and
+    say in their header that they are untested and how to run them."""
+    path = CONFIGS / "recipes" / name
+    suite, limit_key, limit = GPU_RECIPES[name]
+    cfg = cli.parser.parse_args(_args_for(path)).fit
+    assert cfg.model.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert (cfg.data.group_size, cfg.model.optim.lr, cfg.model.algorithm.alpha) == (8, 1.0e-6, 3.0)
+    assert cfg.model.algorithm.positive_amplification and cfg.model.algorithm.pivotal_credit
+    assert cfg.data.explorer.class_path == "r3lightning.rollout.reflect_retry.ReflectRetryExplorer"
+    assert (cfg.model.engine.backend, cfg.trainer.accelerator, str(cfg.trainer.precision)) == ("vllm", "gpu", "bf16-mixed")
+    assert [c.class_path for c in cfg.trainer.callbacks] == ["callbacks.vllm_sync.VLLMWeightSync"]
+    assert cfg.data.suite.class_path == suite and getattr(cfg.data.suite.init_args, limit_key) == limit
+    header = path.read_text().split("\nseed_everything")[0]
+    assert "UNTESTED" in header and f"r3l fit --config configs/recipes/{name}" in header

@@ -7,6 +7,7 @@ conversation the policy actually saw. Single-turn tasks are one-step episodes of
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
@@ -15,7 +16,7 @@ from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
 from r3lightning.envs.safety import CallTimeout, call_with_timeout
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
-from r3lightning.types import Trajectory, Turn
+from r3lightning.types import Trajectory, Turn, message_count
 
 INVALID_FORMAT_FEEDBACK = "Invalid action format. Reply with exactly one action inside {open}...{close}."
 
@@ -55,12 +56,17 @@ class EpisodeRequest:
         prefix: turns to reuse verbatim; their actions are replayed in a fresh environment and their
             tokens are kept (R³L retry from a pivot). The episode continues at turn ``len(prefix)``.
         guidance: text shown with the observation of turn ``len(prefix)`` (and only there).
+        response_prefix: step turns that begin the assistant message of turn ``len(prefix)`` (R³L
+            step-level retry): their tokens follow that turn's context verbatim, generation continues
+            from them, and the action is parsed from the whole message. They are booked before the
+            generated continuation: the first with the turn's context, the others with none.
     """
 
     task: Task
     origin: str = "base"
     prefix: list[Turn] = field(default_factory=list)
     guidance: Optional[str] = None
+    response_prefix: list[Turn] = field(default_factory=list)
     info: dict = field(default_factory=dict)
 
 
@@ -181,6 +187,10 @@ class AgentLoop:
             return self.config.guidance_template.format(observation=observation, guidance=ep.request.guidance)
         return observation
 
+    def _response_prefix(self, ep: _Episode) -> list[Turn]:
+        """The step turns the message in progress starts with (only the message at the pivot has any)."""
+        return ep.request.response_prefix if len(ep.turns) == len(ep.request.prefix) else []
+
     def _context_for(self, ep: _Episode, message: str, previous_eos: bool) -> list[int]:
         if not ep.turns:
             return self.chat.first_prompt(message)
@@ -223,7 +233,8 @@ class AgentLoop:
     def _play_turn(self, active: list[_Episode], respond: Callable[[list[_Episode]], list[Optional[Generation]]]) -> None:
         playable = []
         for ep in active:
-            if ep.context_len + len(ep.pending_context) >= self.config.max_context_tokens:
+            started = sum(len(t.response_ids) for t in self._response_prefix(ep))
+            if ep.context_len + len(ep.pending_context) + started >= self.config.max_context_tokens:
                 ep.done, ep.end_reason = True, "context_limit"
             else:
                 playable.append(ep)
@@ -234,17 +245,24 @@ class AgentLoop:
             if gen is None:
                 ep.done, ep.end_reason = True, "script_end"
                 continue
-            ep.context_len += len(ep.pending_context)
+            started = self._started_steps(ep)
+            started_ids = [tok for step in started for tok in step.response_ids]
+            ep.context_len += len(ep.pending_context) + len(started_ids)
             room = self.config.max_context_tokens - ep.context_len
             cut = len(gen.token_ids) > room
             token_ids, logprobs = gen.token_ids[:room], gen.logprobs[:room]
-            response = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            # The environment grades the whole message, the verbatim steps included.
+            response = self.tokenizer.decode(started_ids + token_ids, skip_special_tokens=True)
             turn = Turn(
-                context_ids=ep.pending_context, response_ids=token_ids, logprobs=logprobs, observation=ep.pending_observation
+                context_ids=[] if started else ep.pending_context,
+                response_ids=token_ids,
+                logprobs=logprobs,
+                observation="" if started else ep.pending_observation,
             )
             if ep.unguided_context is not None:
                 ep.request.info["unguided_context"] = (len(ep.turns), ep.unguided_context)
                 ep.unguided_context = None
+            ep.turns.extend(started)
             ep.turns.append(turn)
             ep.context_len += len(token_ids)
             if cut:
@@ -269,6 +287,15 @@ class AgentLoop:
             turn.feedback = result.feedback
             self._after_turn(ep, gen.finish_reason, result)
 
+    def _started_steps(self, ep: _Episode) -> list[Turn]:
+        """The response-prefix steps as booked: the first carries the message's context (guidance
+        included, so distillation finds it at the usual turn index), the others none."""
+        steps = self._response_prefix(ep)
+        if not steps:
+            return []
+        first = dataclasses.replace(steps[0], context_ids=ep.pending_context, observation=ep.pending_observation)
+        return [first, *(dataclasses.replace(step, context_ids=[]) for step in steps[1:])]
+
     def _after_turn(self, ep: _Episode, finish_reason: str, result: StepResult) -> None:
         ep.reward = float(result.reward)
         if result.info.get("reward_error"):
@@ -277,7 +304,7 @@ class AgentLoop:
             ep.done, ep.success = True, bool(result.info.get("success", ep.reward >= 1.0))
             ep.end_reason = "length" if finish_reason == "length" and not ep.success else "done"
             return
-        if len(ep.turns) >= self.suite.max_turns:
+        if message_count(ep.turns) >= self.suite.max_turns:
             ep.done, ep.end_reason = True, "max_turns"
             return
         self._queue_observation(ep, result.observation)
@@ -288,6 +315,8 @@ class AgentLoop:
             ids.extend(turn.context_ids)
             ids.extend(turn.response_ids)
         ids.extend(ep.pending_context)
+        for step in self._response_prefix(ep):
+            ids.extend(step.response_ids)
         return ids
 
     def _finish(self, ep: _Episode) -> Trajectory:

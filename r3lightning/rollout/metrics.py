@@ -27,10 +27,10 @@ def trajectory_metrics(groups: list[Group], success_threshold: float = 1.0) -> d
         "reward/success_rate": _mean([float(t.success) for t in trajectories]),
         "reward/error_rate": _mean([float(t.reward_error) for t in trajectories]),
         "rollout/response_len": _mean([float(t.num_response_tokens) for t in trajectories]),
-        "rollout/num_turns": _mean([float(len(t.turns)) for t in trajectories]),
+        "rollout/num_turns": _mean([float(t.num_messages) for t in trajectories]),
         "rollout/truncated_rate": _mean([float(t.truncated) for t in trajectories]),
         "rollout/invalid_action_rate": _mean(
-            [t.info.get("invalid_actions", 0) / max(len(t.turns), 1) for t in trajectories]
+            [t.info.get("invalid_actions", 0) / max(t.num_messages, 1) for t in trajectories]
         ),
         "rollout/env_error_rate": _mean([float(t.info.get("end_reason") == "env_error") for t in trajectories]),
         # Episodes whose first prompt did not fit in agent.max_context_tokens (no turn was played).

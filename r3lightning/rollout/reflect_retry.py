@@ -7,6 +7,10 @@ guidance shown with the pivot observation only); the retry's guidance is then re
 distillation) and the distilled trajectory joins the base ones in the group. Both members of a
 base/distilled pair carry the pivot, so pivotal credit masks their shared prefix. When the retry
 improves on the base, a reflect sample and a retry sample are added for the SFT head.
+
+Single-turn reasoning (``step_split: auto`` and a suite with ``max_turns == 1``) pivots on steps
+instead of turns: the response is split into steps (``rollout.steps``), the reflection sees them
+numbered, and the retry continues the same assistant message from the first k steps' tokens.
 """
 
 from __future__ import annotations
@@ -16,21 +20,26 @@ import json
 import random
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.engine import Generation, SamplingParams
 from r3lightning.rollout.explorers import Exploration
+from r3lightning.rollout.steps import split_final_turn
 from r3lightning.types import Group, Trajectory, Turn
 
 OUTCOMES = ("success", "success_but_inefficient", "failure")
 REFLECTION_FIELDS = ("trajectory_summary", "root_cause_analysis", "trajectory_outcome", "improvement_suggestion", "retry_from_step")
 
 
-def _template(name: str) -> str:
-    return resources.files("r3lightning").joinpath("templates", name).read_text()
+def load_template(path: str, builtin: str) -> str:
+    """The prompt template at ``path``, or the package's ``templates/<builtin>`` when ``path`` is empty."""
+    if path:
+        with open(path) as handle:
+            return handle.read()
+    return resources.files("r3lightning").joinpath("templates", builtin).read_text()
 
 
 @dataclass
@@ -88,10 +97,37 @@ def transcript(trajectory: Trajectory) -> str:
     left out to keep the prompt short; the feedback carries what reflection needs."""
     if not trajectory.turns:
         return "(no steps)"
+    return "\n".join([trajectory.turns[0].observation, *step_lines(trajectory)])
+
+
+def step_lines(trajectory: Trajectory) -> list[str]:
+    """One line per step: its action and the environment's feedback."""
+    return [
+        f"Step {i}: {turn.action or '(no valid action)'} -> {turn.feedback or '(no feedback)'}"
+        for i, turn in enumerate(trajectory.turns)
+    ]
+
+
+def step_transcript(trajectory: Trajectory, tokenizer) -> str:
+    """A step-level trajectory (one reasoning message split into step turns) as the reflection prompt
+    shows it: the question, each step's text numbered ``Step i:``, then the environment's feedback."""
+    if not trajectory.turns:
+        return "(no steps)"
     lines = [trajectory.turns[0].observation]
     for i, turn in enumerate(trajectory.turns):
-        lines.append(f"Step {i}: {turn.action or '(no valid action)'} -> {turn.feedback or '(no feedback)'}")
+        text = tokenizer.decode(turn.response_ids, skip_special_tokens=True).strip()
+        lines.append(f"Step {i}: {text or '(empty)'}")
+    lines.append(f"Feedback: {trajectory.turns[-1].feedback or '(no feedback)'}")
     return "\n".join(lines)
+
+
+def ask_policy(loop: AgentLoop, messages: list[str], params: SamplingParams) -> tuple[list[list[int]], list[Generation]]:
+    """Each message as the only user turn of a fresh conversation without system prompt, answered in
+    one batched engine call: (prompt tokens, generations). Reflections and critiques are asked this
+    way, outside any episode."""
+    chat = ChatFormatter(loop.tokenizer, system_prompt=None)
+    prompts = [chat.first_prompt(message) for message in messages]
+    return prompts, (loop.engine.generate(prompts, params) if prompts else [])
 
 
 def outcome_text(trajectory: Trajectory) -> str:
@@ -132,6 +168,11 @@ class ReflectRetryExplorer:
             ``{outcome}`` fields; empty for the built-in one.
         guidance_template: path of a guidance template with the reflection's field names; empty for
             the built-in one.
+        step_split: ``auto``: when the suite plays one turn per episode (``max_turns == 1``, single-turn
+            reasoning), pivot on reasoning steps — responses are split into lines
+            (``rollout.steps.step_lengths``) and the retry continues the message from the first k
+            steps; otherwise pivot on turns. ``off``: always turns (a single-turn retry restarts
+            from scratch).
     """
 
     def __init__(
@@ -143,18 +184,29 @@ class ReflectRetryExplorer:
         max_reward: float = 1.0,
         reflection_template: str = "",
         guidance_template: str = "",
+        step_split: Literal["auto", "off"] = "auto",
     ) -> None:
+        if step_split not in ("auto", "off"):
+            raise ValueError(f"step_split must be 'auto' or 'off', got {step_split!r}")
         self.retry = retry
         self.reflection_temperature = reflection_temperature
         self.max_reflection_tokens = max_reflection_tokens
         self.meta_tasks = meta_tasks
         self.max_reward = max_reward
-        self.reflection_template = open(reflection_template).read() if reflection_template else _template("reflection.txt")
-        self.guidance_template = open(guidance_template).read() if guidance_template else _template("guidance.txt")
+        self.reflection_template = load_template(reflection_template, "reflection.txt")
+        self.guidance_template = load_template(guidance_template, "guidance.txt")
+        self.step_split = step_split
 
     # ---- prompts ------------------------------------------------------------------------------
-    def reflection_prompt(self, trajectory: Trajectory) -> str:
-        return self.reflection_template.format(transcript=transcript(trajectory), outcome=outcome_text(trajectory))
+    def reflection_prompt(self, trajectory: Trajectory, tokenizer=None) -> str:
+        """The reflection request; with ``tokenizer``, ``trajectory`` is step-level and its steps are
+        shown decoded (``step_transcript``)."""
+        shown = transcript(trajectory) if tokenizer is None else step_transcript(trajectory, tokenizer)
+        return self.reflection_template.format(transcript=shown, outcome=outcome_text(trajectory))
+
+    def step_level(self, loop: AgentLoop) -> bool:
+        """Whether pivots are reasoning steps (see ``step_split``)."""
+        return self.step_split == "auto" and loop.suite.max_turns == 1
 
     def guidance(self, reflection: Reflection | dict[str, Any]) -> str:
         fields = dataclasses.asdict(reflection) if isinstance(reflection, Reflection) else reflection
@@ -182,16 +234,10 @@ class ReflectRetryExplorer:
             return Exploration(groups=groups)
         n_base = max(1, group_size // 2)
         base = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(n_base)], params)
-        chat = ChatFormatter(loop.tokenizer, system_prompt=None)
-        prompts = [chat.first_prompt(self.reflection_prompt(t)) for t in base]
-        reflect_params = SamplingParams(
-            temperature=self.reflection_temperature, top_p=params.top_p, max_new_tokens=self.max_reflection_tokens
-        )
-        generations = loop.engine.generate(prompts, reflect_params)
-        parsed = [
-            parse_reflection(loop.tokenizer.decode(g.token_ids, skip_special_tokens=True), len(t.turns))
-            for g, t in zip(generations, base)
-        ]
+        step_level = self.step_level(loop)
+        if step_level:
+            base = [split_final_turn(t, loop.tokenizer) for t in base]
+        prompts, generations, parsed = self.reflect(loop, base, params, step_level)
         retry_of: list[int] = []
         requests = []
         for i, (traj, (reflection, _)) in enumerate(zip(base, parsed)):
@@ -200,10 +246,13 @@ class ReflectRetryExplorer:
             k = reflection.retry_from_step
             task = tasks[i // n_base]
             retry_of.append(i)
-            requests.append(
-                EpisodeRequest(task=task, prefix=traj.turns[:k], guidance=self.guidance(reflection), info={"pivot": k})
-            )
+            # A step pivot continues the one message from its first k steps; a turn pivot replays k turns.
+            prefix = {"response_prefix": traj.turns[:k]} if step_level else {"prefix": traj.turns[:k]}
+            requests.append(EpisodeRequest(task=task, guidance=self.guidance(reflection), info={"pivot": k}, **prefix))
         retries = loop.run(requests, params) if requests else []
+        if step_level:
+            # The continuation is the last turn; splitting it keeps the k verbatim steps as they are.
+            retries = [split_final_turn(r, loop.tokenizer) for r in retries]
         distilled_by_base: dict[int, Trajectory] = {}
         sft: list[Trajectory] = []
         improved = 0
@@ -228,6 +277,25 @@ class ReflectRetryExplorer:
             groups.append(Group(task.task_id, members, task))
         metrics = self.metrics(base, parsed, retry_of, retries, improved)
         return Exploration(groups=groups, sft=sft, metrics=metrics)
+
+    def reflect(
+        self, loop: AgentLoop, trajectories: list[Trajectory], params: SamplingParams, step_level: bool = False
+    ) -> tuple[list[list[int]], list[Generation], list[tuple[Optional[Reflection], str]]]:
+        """The policy's reflection on each trajectory, in one batched engine call at
+        ``reflection_temperature`` (and the rollout's top-p): prompt tokens, generations and the parsed
+        reflections (``parse_reflection``'s pairs). ``step_level``: the trajectories are split into
+        step turns, which the transcripts number and ``retry_from_step`` indexes."""
+        reflect_params = SamplingParams(
+            temperature=self.reflection_temperature, top_p=params.top_p, max_new_tokens=self.max_reflection_tokens
+        )
+        tokenizer = loop.tokenizer if step_level else None
+        messages = [self.reflection_prompt(t, tokenizer) for t in trajectories]
+        prompts, generations = ask_policy(loop, messages, reflect_params)
+        parsed = [
+            parse_reflection(loop.tokenizer.decode(g.token_ids, skip_special_tokens=True), len(t.turns))
+            for g, t in zip(generations, trajectories)
+        ]
+        return prompts, generations, parsed
 
     def meta_task_samples(
         self, base: Trajectory, reflect_prompt: list[int], reflection_ids: list[int], retry: Trajectory, pivot: int

@@ -78,11 +78,15 @@ class DemoConfig:
             ``ReflectRetryExplorer``, whose prompt templates are used).
         tasks_per_step: demonstrations per warm-start step on each rank (0: ``data.tasks_per_step``).
             SFT steps cost no generation, so they can afford larger batches than RL steps.
+        reflection_tasks_per_step: with ``reflections``, how many of a step's demonstration tasks also
+            give a reflect and a retry sample (0: all). Reflections are long JSON answers after long
+            prompts; fewer of them keeps the step cheap and leaves the action tokens most of the loss.
     """
 
     source: str = "suite"
     reflections: bool = False
     tasks_per_step: int = 0
+    reflection_tasks_per_step: int = 0
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -231,7 +235,8 @@ class RolloutDataModule(L.LightningDataModule):
             if not isinstance(self.explorer, ReflectRetryExplorer):
                 raise ValueError("data.demos.reflections needs data.explorer to be a ReflectRetryExplorer")
             rng = random.Random(self.rollout_seed(batch.step))
-            demos += scripted_reflection_samples(loop, self.explorer, tasks, rng)
+            n = self.demos.reflection_tasks_per_step
+            demos += scripted_reflection_samples(loop, self.explorer, tasks[:n] if n > 0 else tasks, rng)
         return demos
 
     def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:

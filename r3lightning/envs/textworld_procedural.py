@@ -466,15 +466,17 @@ def describe(world: World, state: State) -> str:
     return " ".join(parts)
 
 
-def observation(world: World, state: State, first_line: str) -> str:
-    """``first_line`` (the task or the feedback), the view and the valid actions."""
-    return "\n".join(
-        [first_line, describe(world, state), f"Valid actions: {', '.join(admissible_actions(world, state))}."]
-    )
+def observation(world: World, state: State, first_line: str, goal_reminder: bool = False) -> str:
+    """``first_line`` (the task or the feedback), the view and the valid actions; with
+    ``goal_reminder``, a last line restating the goal."""
+    lines = [first_line, describe(world, state), f"Valid actions: {', '.join(admissible_actions(world, state))}."]
+    if goal_reminder:
+        lines.append(f"Goal: {world.goal_text}.")
+    return "\n".join(lines)
 
 
-def first_observation(world: World) -> str:
-    return observation(world, world.start, f"Your task: {world.goal_text}.")
+def first_observation(world: World, goal_reminder: bool = False) -> str:
+    return observation(world, world.start, f"Your task: {world.goal_text}.", goal_reminder)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -554,11 +556,11 @@ def world_of(task: Task) -> World:
     return generate_world(int(task.data["seed"]), int(task.data["difficulty"]))
 
 
-def make_task(seed: int, difficulty: int) -> Task:
+def make_task(seed: int, difficulty: int, goal_reminder: bool = False) -> Task:
     world = generate_world(seed, difficulty)
     return Task(
         task_id=f"procedural-d{difficulty}-{seed}",
-        prompt=first_observation(world),
+        prompt=first_observation(world, goal_reminder),
         data={"seed": seed, "difficulty": difficulty},
     )
 
@@ -680,10 +682,11 @@ def _whereabouts(world: World, state: State, obj: str) -> str:
 class ProceduralWorldEnv:
     """One episode of a procedural world at a time (see the module docstring for the rules)."""
 
-    def __init__(self, max_turns: int) -> None:
+    def __init__(self, max_turns: int, goal_reminder: bool = False) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
+        self.goal_reminder = goal_reminder
         self._world: Optional[World] = None
         self._state: Optional[State] = None
         self._turns = 0
@@ -694,7 +697,7 @@ class ProceduralWorldEnv:
         self._state = self._world.start
         self._turns = 0
         self._done = False
-        return first_observation(self._world)
+        return first_observation(self._world, self.goal_reminder)
 
     def step(self, action: str) -> StepResult:
         if self._done or self._world is None or self._state is None:
@@ -710,7 +713,7 @@ class ProceduralWorldEnv:
         elif self._done:
             text = f"{outcome.feedback}\nYou have run out of turns."
         else:
-            text = observation(world, outcome.state, outcome.feedback)
+            text = observation(world, outcome.state, outcome.feedback, self.goal_reminder)
         info = {
             "feedback": outcome.feedback,
             "success": success,
@@ -730,6 +733,7 @@ class ProceduralWorldSuite(TaskSuite):
         num_val_tasks: int = 64,
         seed: int = 0,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        goal_reminder: bool = False,
     ) -> None:
         """
         Args:
@@ -740,6 +744,10 @@ class ProceduralWorldSuite(TaskSuite):
             num_val_tasks: number of held-out validation tasks.
             seed: suite seed; every task is a pure function of (seed, difficulty, split, index).
             system_prompt: system message of every conversation.
+            goal_reminder: end every observation with a ``Goal: ...`` line. The goal then sits at a
+                fixed distance before each action the policy writes, which tiny models pick up in
+                ~150 SFT steps (a 2-layer model copies the object from a goal stated only in the first
+                message far more slowly: 0% success after 250 steps on the quickstart's setup).
         """
         if difficulty not in LEVELS:
             raise ValueError(f"difficulty must be one of {sorted(LEVELS)}, got {difficulty}")
@@ -752,14 +760,15 @@ class ProceduralWorldSuite(TaskSuite):
         self.num_val_tasks = num_val_tasks
         self.seed = seed
         self.system_prompt = system_prompt
+        self.goal_reminder = goal_reminder
 
     def make_env(self) -> ProceduralWorldEnv:
-        return ProceduralWorldEnv(self.max_turns)
+        return ProceduralWorldEnv(self.max_turns, self.goal_reminder)
 
     def train_task(self, index: int) -> Task:
         if index < 0:
             raise ValueError(f"train_task index must be >= 0, got {index}")
-        return make_task(derive_seed(self.seed, "train", index), self.difficulty)
+        return make_task(derive_seed(self.seed, "train", index), self.difficulty, self.goal_reminder)
 
     def val_tasks(self) -> list[Task]:
         return list(self._val_task_list)
@@ -776,4 +785,7 @@ class ProceduralWorldSuite(TaskSuite):
 
     @cached_property
     def _val_task_list(self) -> list[Task]:
-        return [make_task(derive_seed(self.seed, "val", i), self.difficulty) for i in range(self.num_val_tasks)]
+        return [
+            make_task(derive_seed(self.seed, "val", i), self.difficulty, self.goal_reminder)
+            for i in range(self.num_val_tasks)
+        ]

@@ -88,3 +88,25 @@ def test_micro_batch_slice_trims_padding():
     batch = collate_experience(rows, [1.0, 1.0], 0)
     assert batch.slice(1, 2).input_ids.shape == (1, 2)
     assert torch.equal(batch.slice(0, 2).input_ids, batch.input_ids)
+
+
+def test_reflection_demos_limited_to_reflection_tasks_per_step():
+    from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
+    from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
+    from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer
+    from r3lightning.rollout.hf_engine import HFEngine
+    from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+
+    suite = ProceduralWorldSuite(difficulty=1, max_turns=4, num_val_tasks=2, goal_reminder=True)
+    dm = RolloutDataModule(
+        suite,
+        explorer=ReflectRetryExplorer(),
+        tasks_per_step=2,
+        demos=DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=1),
+    )
+    tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=512)
+    engine = HFEngine(build_tiny_model(TinyModelSpec(vocab_size=512), tokenizer), tokenizer)
+    demos = dm.demonstrations(TaskBatch(step=0, tasks=[suite.train_task(0), suite.train_task(1)]), engine, tokenizer)
+    origins = [d.origin for d in demos]
+    assert origins.count("demo") == 4 and origins.count("reflect_sft") == 1 and origins.count("retry_sft") <= 1
+    assert all(d.success for d in demos if d.origin == "demo")

@@ -359,3 +359,18 @@ def test_pivot_is_the_injected_mistake(difficulty, index, data):
     assert report["trajectory_outcome"] == "success_but_inefficient"
     assert f"step {j}" in report["root_cause_analysis"]
     assert f"'{shortest_plan(world, state)[0]}' instead of '{mistake}'" in report["improvement_suggestion"]
+
+
+def test_goal_reminder_ends_every_observation():
+    suite = ProceduralWorldSuite(difficulty=2, goal_reminder=True, num_val_tasks=1)
+    task = suite.train_task(3)
+    goal = task.prompt.splitlines()[0].removeprefix("Your task: ")
+    assert task.prompt.splitlines()[-1] == f"Goal: {goal}"
+    env = suite.make_env()
+    assert env.reset(task) == task.prompt
+    plan = suite.demonstration(task)
+    for action in plan[:-1]:
+        assert env.step(action).observation.splitlines()[-1] == f"Goal: {goal}"
+    assert env.step(plan[-1]).observation.endswith("Task complete.")
+    plain = ProceduralWorldSuite(difficulty=2, num_val_tasks=1).train_task(3)
+    assert "Goal:" not in plain.prompt and plain.task_id == task.task_id

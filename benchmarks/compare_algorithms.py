@@ -1,10 +1,19 @@
 """GRPO vs R³L and its ablations at equal rollout budget on the procedural text world.
 
-Every run starts from the same recipe (configs/quickstart.yaml: tiny policy, SFT warm-start on the
-scripted expert and diagnostician, then RL) and differs only in the algorithm fragment. Each method
-gets ``group_size`` episodes per task per step (R³L: half base, half retries), so the rollout budget
-is equal. Validation success (greedy) is recorded at every validation; the JSON holds per-seed
-curves and the final means, and a PNG plots mean validation success vs step.
+Per seed, one SFT warm-start (configs/quickstart.yaml: tiny policy, scripted expert demonstrations,
+diagnostician reflections and guided retries) is trained and checkpointed; every method then resumes
+from that same checkpoint for the same number of RL steps on the same task stream, and differs only in
+its algorithm fragment. Each method gets ``group_size`` episodes per task per step (R³L: half base,
+half retries), so the rollout budget is equal. Validation success (greedy and sampled) is recorded at
+every validation; the JSON holds per-seed curves and final values, and a PNG plots the mean greedy
+validation success vs step.
+
+The methods:
+
+- ``grpo``: plain sampling (``retry: false``), group z-score advantages, the same ``pg`` loss as R³L
+  (no ratio), so the comparison isolates exploration, credit and amplification.
+- ``r3l``: configs/algorithms/r3l.yaml (reflect-then-retry, pivotal credit, positive amplification).
+- ``r3l_wo_reflect`` / ``r3l_wo_credit`` / ``r3l_wo_positive``: the ablation presets.
 
     python benchmarks/compare_algorithms.py --out benchmarks/results/compare_algorithms.json --seeds 0 1 2
 """
@@ -14,46 +23,71 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_info import machine_info  # noqa: E402
 
 METHODS = {
-    "grpo": "configs/algorithms/grpo.yaml",
-    "r3l": "configs/algorithms/r3l.yaml",
-    "r3l_wo_reflect": "configs/algorithms/r3l_wo_reflect.yaml",
-    "r3l_wo_credit": "configs/algorithms/r3l_wo_credit.yaml",
-    "r3l_wo_positive": "configs/algorithms/r3l_wo_positive.yaml",
+    "grpo": ["--config", "configs/algorithms/grpo.yaml", "--model.algorithm.policy_loss", "pg",
+             "--data.explorer.init_args.retry", "false"],
+    "r3l": ["--config", "configs/algorithms/r3l.yaml"],
+    "r3l_wo_reflect": ["--config", "configs/algorithms/r3l_wo_reflect.yaml"],
+    "r3l_wo_credit": ["--config", "configs/algorithms/r3l_wo_credit.yaml"],
+    "r3l_wo_positive": ["--config", "configs/algorithms/r3l_wo_positive.yaml"],
 }
 
 
-def run_one(method: str, seed: int, args: argparse.Namespace, log_dir: str) -> dict:
+def _fit(overrides: list[str]):
     from callbacks.phase_report import PhaseReport
     from r3lightning.cli import R3LightningCLI
 
-    overrides = [
-        "fit",
+    cli = R3LightningCLI(args=["fit", *overrides])
+    report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PhaseReport))
+    return cli, report
+
+
+def _common(args: argparse.Namespace, seed: int, log_dir: str, name: str, max_steps: int) -> list[str]:
+    return [
         "--config", args.recipe,
-        "--config", METHODS[method],
         "--seed_everything", str(seed),
         "--data.seed", str(seed),
-        "--trainer.max_steps", str(args.warmup_steps + args.rl_steps),
+        "--trainer.max_steps", str(max_steps),
         "--model.phases.sft_warmup_steps", str(args.warmup_steps),
         "--trainer.val_check_interval", str(args.val_every),
         "--trainer.enable_progress_bar", "false",
         "--trainer.logger.init_args.save_dir", log_dir,
-        "--trainer.logger.init_args.name", f"{method}_seed{seed}",
+        "--trainer.logger.init_args.name", name,
     ]
-    if method == "grpo":
-        # Same RL objective family as R³L (pg, no ratio) so the comparison isolates the method.
-        overrides += ["--model.algorithm.policy_loss", "pg"]
+
+
+def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, dict]:
+    """Train the shared SFT warm-start of ``seed``; returns its checkpoint and last validation."""
     start = time.perf_counter()
-    cli = R3LightningCLI(args=overrides)
-    report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PhaseReport))
-    curve = [(r["step"], r.get("val/success_rate_greedy", float("nan"))) for r in report.records]
-    return {"curve": curve, "final": curve[-1][1] if curve else float("nan"), "wall_s": time.perf_counter() - start}
+    cli, report = _fit(_common(args, seed, log_dir, f"warmstart_seed{seed}", args.warmup_steps))
+    path = os.path.join(log_dir, f"warmstart_seed{seed}.ckpt")
+    cli.trainer.save_checkpoint(path)
+    return path, {**report.records[-1], "wall_s": time.perf_counter() - start}
+
+
+def run_method(method: str, seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
+    start = time.perf_counter()
+    overrides = _common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps)
+    _, report = _fit([*overrides, *METHODS[method], "--ckpt_path", checkpoint])
+    records = report.records  # restored from the checkpoint: the warm-start validations come first
+    return {
+        "curve_greedy": [(r["step"], r["val/success_rate_greedy"]) for r in records],
+        "curve_sampled": [(r["step"], r["val/success_rate"]) for r in records],
+        "final_greedy": records[-1]["val/success_rate_greedy"],
+        "final_sampled": records[-1]["val/success_rate"],
+        "rl_rollout_means": report.rollout_means(),
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 def plot(results: dict, path: str) -> None:
@@ -64,8 +98,8 @@ def plot(results: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method, runs in results.items():
-        steps = [s for s, _ in next(iter(runs.values()))["curve"]]
-        means = [statistics.mean(run["curve"][i][1] for run in runs.values()) for i in range(len(steps))]
+        steps = [s for s, _ in next(iter(runs.values()))["curve_greedy"]]
+        means = [statistics.mean(run["curve_greedy"][i][1] for run in runs.values()) for i in range(len(steps))]
         ax.plot(steps, means, marker="o", label=method)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("validation success (greedy)")
@@ -82,33 +116,53 @@ def main() -> None:
     parser.add_argument("--recipe", default="configs/quickstart.yaml")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--warmup_steps", type=int, default=40)
-    parser.add_argument("--rl_steps", type=int, default=40)
-    parser.add_argument("--val_every", type=int, default=20)
+    parser.add_argument("--warmup_steps", type=int, default=None, help="default: the recipe's")
+    parser.add_argument("--rl_steps", type=int, default=None, help="default: the recipe's")
+    parser.add_argument("--val_every", type=int, default=None, help="default: the recipe's")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    recipe_defaults(args)
     log_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "compare_runs")
-    results: dict[str, dict[str, dict]] = {}
-    for method in args.methods:
-        results[method] = {str(seed): run_one(method, seed, args, log_dir) for seed in args.seeds}
-    figures = {}
+    results: dict[str, dict[str, dict]] = {method: {} for method in args.methods}
+    warm: dict[str, dict] = {}
+    for seed in args.seeds:
+        checkpoint, warm[str(seed)] = warm_start(seed, args, log_dir)
+        for method in args.methods:
+            results[method][str(seed)] = run_method(method, seed, checkpoint, args, log_dir)
+            print(f"seed {seed} {method}: {json.dumps(results[method][str(seed)])}", flush=True)
+    figures = {"warmstart_val_success_greedy_mean": statistics.mean(w["val/success_rate_greedy"] for w in warm.values())}
     for method, runs in results.items():
-        finals = [run["final"] for run in runs.values()]
-        figures[f"{method}_final_val_success_mean"] = statistics.mean(finals)
-        figures[f"{method}_final_val_success_min"] = min(finals)
+        for kind in ("greedy", "sampled"):
+            finals = [run[f"final_{kind}"] for run in runs.values()]
+            figures[f"{method}_final_val_success_{kind}_mean"] = statistics.mean(finals)
+            figures[f"{method}_final_val_success_{kind}_min"] = min(finals)
         figures[f"{method}_wall_s_mean"] = statistics.mean(run["wall_s"] for run in runs.values())
     record = {
         "benchmark": "compare_algorithms",
         "figures": figures,
+        "warm_start": warm,
         "per_seed": results,
         "config": {k: v for k, v in vars(args).items() if k != "out"},
-        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform()},
+        "machine": machine_info(),
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(record, handle, indent=2)
     plot(results, os.path.splitext(args.out)[0] + ".png")
     print(json.dumps(figures, indent=2))
+
+
+def recipe_defaults(args: argparse.Namespace) -> None:
+    """Fill unset step counts from the recipe, so the comparison runs the quickstart's schedule."""
+    import yaml
+
+    recipe = yaml.safe_load(Path(args.recipe).read_text())
+    if args.warmup_steps is None:
+        args.warmup_steps = recipe["model"]["phases"]["sft_warmup_steps"]
+    if args.rl_steps is None:
+        args.rl_steps = recipe["trainer"]["max_steps"] - args.warmup_steps
+    if args.val_every is None:
+        args.val_every = recipe["trainer"]["val_check_interval"]
 
 
 if __name__ == "__main__":

@@ -11,15 +11,31 @@ import lightning as L
 from callbacks.monitor import log_dir_of
 
 
+ROLLOUT_FIGURES = ("rollout/retry_improvement_rate", "rollout/reflection_invalid_rate", "rollout/retry_rate")
+
+
 class PhaseReport(L.Callback):
     """Collects ``val/*`` after every validation, tagged with the phase, and prints a summary.
 
     The summary names the last validation of the warm-up phase (the one run at the step where RL
-    begins) and the last validation overall, and is written to ``<log_dir>/phase_report.json``.
+    begins) and the last validation overall, plus the mean over RL steps of the explorer's
+    reflect-then-retry figures (``ROLLOUT_FIGURES``, when the explorer logs them), and is written to
+    ``<log_dir>/phase_report.json``.
     """
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.rollout_sums: dict[str, float] = {}
+        self.rollout_steps: dict[str, int] = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        for name in ROLLOUT_FIGURES:
+            if name in trainer.callback_metrics:
+                self.rollout_sums[name] = self.rollout_sums.get(name, 0.0) + float(trainer.callback_metrics[name])
+                self.rollout_steps[name] = self.rollout_steps.get(name, 0) + 1
+
+    def rollout_means(self) -> dict[str, float]:
+        return {name: self.rollout_sums[name] / self.rollout_steps[name] for name in self.rollout_sums}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -34,6 +50,7 @@ class PhaseReport(L.Callback):
         return {
             "after_warmup": warmup[-1] if warmup else None,
             "final": self.records[-1] if self.records else None,
+            "rl_rollout_means": self.rollout_means(),
             "history": self.records,
         }
 
@@ -49,6 +66,8 @@ class PhaseReport(L.Callback):
                     f"{100 * record.get('val/success_rate_greedy', float('nan')):5.1f}% / "
                     f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
                 )
+        for name, value in summary["rl_rollout_means"].items():
+            lines.append(f"  {name} (mean over {self.rollout_steps[name]} RL steps): {100 * value:.1f}%")
         print("\n".join(lines), flush=True)
         log_dir = log_dir_of(trainer)
         os.makedirs(log_dir, exist_ok=True)
@@ -56,7 +75,9 @@ class PhaseReport(L.Callback):
             json.dump(summary, handle, indent=2)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"records": self.records}
+        return {"records": self.records, "rollout_sums": self.rollout_sums, "rollout_steps": self.rollout_steps}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.records = list(state_dict.get("records", []))
+        self.rollout_sums = dict(state_dict.get("rollout_sums", {}))
+        self.rollout_steps = dict(state_dict.get("rollout_steps", {}))

@@ -59,6 +59,8 @@ class AlgorithmConfig:
         kl_estimator: k1 | k2 | k3.
         aggregation: token_mean | seq_mean_token_mean | seq_mean_token_sum.
         sft_weight: weight of the SFT head's NLL (meta-tasks, demonstrations, GNT reflections).
+        sft_aggregation: token_mean (every SFT token weighs the same) | seq_mean_token_mean (every SFT
+            sample weighs the same, so a few long reflections do not drown many short action turns).
         off_policy_gamma: γ of Critique-GRPO's policy shaping π/(π+γ) on off-policy refinements.
         recompute_old_logprobs: recompute behaviour log-probs with the trainer before updating (needed
             for ratios when the engine's numerics differ from the trainer's, or for replayed samples).
@@ -81,6 +83,7 @@ class AlgorithmConfig:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
     sft_weight: float = 1.0
+    sft_aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     off_policy_gamma: float = 0.1
     recompute_old_logprobs: bool = False
     update_epochs: int = 1
@@ -364,6 +367,7 @@ class R3LightningModule(L.LightningModule):
             "rl_tokens": self._reduce_sum(rl_mask.sum()),
             "rl_seqs": self._reduce_sum((rl_mask.sum(-1) > 0).sum()),
             "sft_tokens": self._reduce_sum(experience.sft_mask[:, 1:].sum()),
+            "sft_seqs": self._reduce_sum((experience.sft_mask[:, 1:].sum(-1) > 0).sum()),
         }
         # Every loss is a global sum / global count, so the gradients of all ranks must be *summed*.
         # Under DDP we do that ourselves once per step (below); FSDP averages, so undo its mean.
@@ -452,7 +456,9 @@ class R3LightningModule(L.LightningModule):
             if self.sampling_temperature != 1.0:
                 # The SFT head fits the model's own distribution, not the tempered sampling one.
                 sft_logp = algos.selective_log_softmax(logits * self.sampling_temperature, micro.input_ids[:, 1:])
-            nll = algos.aggregate(algos.sft_nll(sft_logp), sft_mask, "token_mean", totals["sft_tokens"], 1.0)
+            nll = algos.aggregate(
+                algos.sft_nll(sft_logp), sft_mask, cfg.sft_aggregation, totals["sft_tokens"], totals["sft_seqs"]
+            )
             out["loss_sft"] = weight * nll
         if self.log_entropy:
             with torch.no_grad():

@@ -284,17 +284,20 @@ class ReflectRetryExplorer:
         """The policy's reflection on each trajectory, in one batched engine call at
         ``reflection_temperature`` (and the rollout's top-p): prompt tokens, generations and the parsed
         reflections (``parse_reflection``'s pairs). ``step_level``: the trajectories are split into
-        step turns, which the transcripts number and ``retry_from_step`` indexes."""
+        step turns, which the transcripts number and ``retry_from_step`` indexes. Each trajectory's
+        ``info`` gets the reflection text and the parse error ("" when valid)."""
         reflect_params = SamplingParams(
             temperature=self.reflection_temperature, top_p=params.top_p, max_new_tokens=self.max_reflection_tokens
         )
         tokenizer = loop.tokenizer if step_level else None
         messages = [self.reflection_prompt(t, tokenizer) for t in trajectories]
         prompts, generations = ask_policy(loop, messages, reflect_params)
-        parsed = [
-            parse_reflection(loop.tokenizer.decode(g.token_ids, skip_special_tokens=True), len(t.turns))
-            for g, t in zip(generations, trajectories)
-        ]
+        texts = [loop.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
+        parsed = [parse_reflection(text, len(t.turns)) for text, t in zip(texts, trajectories)]
+        for trajectory, text, (_, error) in zip(trajectories, texts, parsed):
+            # Kept on the trajectory so rollout sample logs show what the policy wrote and why it failed.
+            trajectory.info["reflection"] = text
+            trajectory.info["reflection_error"] = error
         return prompts, generations, parsed
 
     def meta_task_samples(

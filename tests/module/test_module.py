@@ -89,6 +89,7 @@ def _gradients(module, experience):
         "rl_tokens": float(experience.loss_mask[:, 1:].sum()),
         "rl_seqs": float((experience.loss_mask[:, 1:].sum(-1) > 0).sum()),
         "sft_tokens": float(experience.sft_mask[:, 1:].sum()),
+        "sft_seqs": float((experience.sft_mask[:, 1:].sum(-1) > 0).sum()),
     }
     size = module.optim_config.micro_batch_size
     for start in range(0, len(experience), size):
@@ -108,6 +109,28 @@ def test_gradient_independent_of_micro_batch_size(aggregation):
     module.optim_config.micro_batch_size = 3
     split = _gradients(module, experience)
     torch.testing.assert_close(full, split, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("sft_aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_sft_aggregation_value_and_micro_batch_independence(sft_aggregation):
+    module, dm = make(sft_steps=1, algorithm=AlgorithmConfig(sft_aggregation=sft_aggregation))
+    trainer(1).fit(module, dm)
+    experience = module.last_experience  # demonstrations: SFT tokens only
+    module.optim_config.micro_batch_size = len(experience)
+    full = _gradients(module, experience)
+    module.optim_config.micro_batch_size = 3
+    torch.testing.assert_close(full, _gradients(module, experience), rtol=1e-4, atol=1e-6)
+
+    with torch.no_grad():
+        logits = module.policy(input_ids=experience.input_ids, attention_mask=experience.attention_mask).logits[:, :-1]
+        nll = -torch.log_softmax(logits.float(), -1).gather(-1, experience.input_ids[:, 1:, None])[..., 0]
+        mask = experience.sft_mask[:, 1:].float()
+        expected = (nll * mask).sum() / mask.sum() if sft_aggregation == "token_mean" else (
+            ((nll * mask).sum(-1) / mask.sum(-1)).mean()
+        )
+        totals = {"rl_tokens": 0.0, "rl_seqs": 0.0, "sft_tokens": float(mask.sum()), "sft_seqs": float(len(mask))}
+        got = module.micro_batch_loss(experience, totals)["loss_sft"]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):

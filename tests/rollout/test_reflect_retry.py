@@ -128,6 +128,7 @@ def test_invalid_reflection_means_no_retry_and_is_counted(world_suite, world_tok
     out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=4, params=SamplingParams())
     assert [t.origin for t in out.groups[0]] == ["base", "base"]
     assert out.metrics["rollout/reflection_invalid_rate"] == 1.0
+    assert all(t.info["reflection"] == "I have no idea" and t.info["reflection_error"] == "no_json" for t in out.groups[0])
 
 
 def test_success_reflection_means_no_retry(world_suite, world_tokenizer):

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -76,6 +78,10 @@ def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, 
 
 
 def run_method(method: str, seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     overrides = _common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps)
     _, report = _fit([*overrides, *METHODS[method], "--ckpt_path", checkpoint])
@@ -119,17 +125,31 @@ def main() -> None:
     parser.add_argument("--warmup_steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--rl_steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--val_every", type=int, default=None, help="default: the recipe's")
+    parser.add_argument("--shared_warmstart", action="store_true",
+                        help="train one warm-start (the first seed's) and start every seed's RL runs from it: "
+                             "seeds then vary only the RL phase (sampling, task order stays the recipe's)")
+    parser.add_argument("--workers", type=int, default=1, help="RL runs in parallel (separate processes)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per RL run (0: torch's default)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     recipe_defaults(args)
     log_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "compare_runs")
     results: dict[str, dict[str, dict]] = {method: {} for method in args.methods}
     warm: dict[str, dict] = {}
+    checkpoints = {}
     for seed in args.seeds:
-        checkpoint, warm[str(seed)] = warm_start(seed, args, log_dir)
-        for method in args.methods:
-            results[method][str(seed)] = run_method(method, seed, checkpoint, args, log_dir)
+        if args.shared_warmstart and checkpoints:
+            checkpoints[seed], warm[str(seed)] = checkpoints[args.seeds[0]], warm[str(args.seeds[0])]
+        else:
+            checkpoints[seed], warm[str(seed)] = warm_start(seed, args, log_dir)
+    jobs = [(method, seed) for seed in args.seeds for method in args.methods]
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_method, m, s, checkpoints[s], args, log_dir): (m, s) for m, s in jobs}
+        for future in as_completed(futures):
+            method, seed = futures[future]
+            results[method][str(seed)] = future.result()
             print(f"seed {seed} {method}: {json.dumps(results[method][str(seed)])}", flush=True)
+    results = {m: dict(sorted(runs.items())) for m, runs in results.items()}
     figures = {"warmstart_val_success_greedy_mean": statistics.mean(w["val/success_rate_greedy"] for w in warm.values())}
     for method, runs in results.items():
         for kind in ("greedy", "sampled"):

@@ -612,10 +612,8 @@ def diagnose(task: Task, actions: list[str], feedbacks: Optional[list[str]] = No
         if goal_reached(world, state):
             break
     success = goal_reached(world, state)
-    summary = (
-        f"Task: {world.goal_text}. You took {steps} actions ({invalid} invalid) and "
-        f"{'completed' if success else 'did not complete'} the task; the shortest solution takes {shortest}."
-    )
+    # Short and regular: a tiny policy learns to write it back in the warm-start.
+    summary = f"{steps} actions ({invalid} invalid), {'succeeded' if success else 'failed'}; the shortest plan has {shortest}."
     if pivot is None and success:
         return _reflection(summary, "Every action was on a shortest path to the goal.", "success",
                            "Repeat the same plan.", 0)

@@ -71,10 +71,27 @@ def _common(args: argparse.Namespace, seed: int, log_dir: str, name: str, max_st
 def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, dict]:
     """Train the shared SFT warm-start of ``seed``; returns its checkpoint and last validation."""
     start = time.perf_counter()
-    cli, report = _fit(_common(args, seed, log_dir, f"warmstart_seed{seed}", args.warmup_steps))
     path = os.path.join(log_dir, f"warmstart_seed{seed}.ckpt")
+    if args.reuse_warmstart and os.path.exists(path):
+        import torch
+
+        saved = torch.load(path, weights_only=False, map_location="cpu")
+        return path, {**saved["callbacks"]["PhaseReport"]["records"][-1], "reused": True}
+    cli, report = _fit(_common(args, seed, log_dir, f"warmstart_seed{seed}", args.warmup_steps))
     cli.trainer.save_checkpoint(path)
+    strip_hyperparameters(path)
     return path, {**report.records[-1], "wall_s": time.perf_counter() - start}
+
+
+def strip_hyperparameters(path: str) -> None:
+    """Drop the saved init arguments from a checkpoint. LightningCLI re-applies a checkpoint's
+    hyper-parameters over the parsed config when ``--ckpt_path`` is given, which would silently run
+    every method with the warm-start's algorithm; without them each run keeps its own config."""
+    import torch
+
+    checkpoint = torch.load(path, weights_only=False, map_location="cpu")
+    checkpoint.pop("hyper_parameters", None)
+    torch.save(checkpoint, path)
 
 
 def run_method(method: str, seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
@@ -128,6 +145,8 @@ def main() -> None:
     parser.add_argument("--shared_warmstart", action="store_true",
                         help="train one warm-start (the first seed's) and start every seed's RL runs from it: "
                              "seeds then vary only the RL phase (sampling, task order stays the recipe's)")
+    parser.add_argument("--reuse_warmstart", action="store_true",
+                        help="use warm-start checkpoints already in the log directory instead of training them")
     parser.add_argument("--workers", type=int, default=1, help="RL runs in parallel (separate processes)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per RL run (0: torch's default)")
     args = parser.parse_args()

@@ -29,7 +29,8 @@ def test_two_process_ddp_shards_tasks_and_keeps_replicas_identical(tmp_path):
 
     for s0, s1 in zip(ranks[0]["steps"], ranks[1]["steps"]):
         # Token counts the losses are normalized by are sums over both ranks.
-        assert len(s0["reductions"]) == len(s1["reductions"]) == 3  # rl tokens, rl sequences, sft tokens
+        # rl tokens, rl sequences, sft tokens, sft sequences
+        assert len(s0["reductions"]) == len(s1["reductions"]) == 4
         for (local0, reduced0), (local1, reduced1) in zip(s0["reductions"], s1["reductions"]):
             assert reduced0 == reduced1 == local0 + local1
         # The monitor's torchmetrics count agrees on both ranks.

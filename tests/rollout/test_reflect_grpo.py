@@ -8,14 +8,20 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from scripted_engine import ScriptedEngine
 
 from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer
+from r3lightning.models import (
+    ModelConfig,
+    TinyModelSpec,
+    build_tiny_model,
+    build_tokenizer,
+)
 from r3lightning.module import AlgorithmConfig, OptimConfig, R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.hf_engine import HFEngine
 from r3lightning.rollout.reflect_from_scratch import ReflectFromScratchExplorer
 
@@ -27,24 +33,6 @@ REFLECTION = {
     "improvement_suggestion": "GUIDANCE-MARKER",
     "retry_from_step": 1,
 }
-
-
-class ScriptedEngine:
-    """Answers each prompt with ``reply(decoded prompt)``; every token gets log-prob -0.5."""
-
-    def __init__(self, tokenizer, reply):
-        self.tokenizer, self.reply = tokenizer, reply
-        self.weight_version = 0
-        self.prompts = []
-
-    def generate(self, prompts, params):
-        out = []
-        for prompt in prompts:
-            self.prompts.append(self.tokenizer.decode(prompt))
-            ids = self.tokenizer(self.reply(self.prompts[-1]), add_special_tokens=False)["input_ids"]
-            ids = ids + [self.tokenizer.eos_token_id]
-            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return out
 
 
 def world_player(suite, tasks, reflections, solved_on_base=()):

@@ -51,7 +51,18 @@ def split_steps(token_ids: list[int], tokenizer) -> list[list[int]]:
     for count in step_lengths(pieces):
         steps.append(list(token_ids[start : start + count]))
         start += count
-    return steps
+    # A character split over several byte tokens decodes as U+FFFD piece by piece, so a line of, e.g.,
+    # "\x85" looks non-blank above; apply the blank-line rule once more to each step's real text.
+    merged: list[list[int]] = []
+    for step in steps:
+        if merged and not tokenizer.decode(step, skip_special_tokens=True).strip():
+            merged[-1].extend(step)
+        else:
+            merged.append(step)
+    if len(merged) > 1 and not tokenizer.decode(merged[0], skip_special_tokens=True).strip():
+        merged[1] = merged[0] + merged[1]
+        merged.pop(0)
+    return merged
 
 
 def step_turns(turn: Turn, steps: list[list[int]]) -> list[Turn]:

@@ -50,13 +50,14 @@ from r3lightning.types import ExperienceBatch
 VARIANTS = ("ours", "ours_no_entropy", "plain")
 
 
-def tiny_spec(vocab_size: int, target_params: int) -> TinyModelSpec:
-    """A Qwen2 spec of width 256 whose depth puts the parameter count closest to ``target_params``."""
+def tiny_spec(vocab_size: int, target_params: int, hidden_size: int = 256) -> TinyModelSpec:
+    """A Qwen2 spec of width ``hidden_size`` (head size 32, half as many KV heads, MLP 3x wide) whose
+    depth (1-32 layers) puts the parameter count closest to ``target_params``."""
     best, best_gap = None, None
-    for layers in range(1, 17):
+    for layers in range(1, 33):
         spec = TinyModelSpec(
-            hidden_size=256, num_layers=layers, num_attention_heads=8, num_key_value_heads=4,
-            intermediate_size=768, vocab_size=vocab_size,
+            hidden_size=hidden_size, num_layers=layers, num_attention_heads=hidden_size // 32,
+            num_key_value_heads=hidden_size // 64, intermediate_size=3 * hidden_size, vocab_size=vocab_size,
         )
         # Qwen2 block: q,o (h*h) + k,v (h*kv_dim) + qkv biases + 3 MLP matrices + 2 norms.
         h, kv = spec.hidden_size, spec.hidden_size // spec.num_attention_heads * spec.num_key_value_heads
@@ -149,6 +150,7 @@ class BenchModule(R3LightningModule):
         self.times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         self.cpu_times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         self.first_losses: dict[str, float] = {}
+        self.steps_done = 0  # batch_idx restarts every epoch of the rollout dataloader
         return self
 
     def configure_model(self) -> None:
@@ -167,7 +169,9 @@ class BenchModule(R3LightningModule):
             "ours_no_entropy": lambda: self._ours(False),
             "plain": self.plain.step,
         }
-        order = list(VARIANTS) if batch_idx % 2 == 0 else list(reversed(VARIANTS))
+        step = self.steps_done
+        self.steps_done += 1
+        order = list(VARIANTS) if step % 2 == 0 else list(reversed(VARIANTS))
         for name in order:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -176,9 +180,9 @@ class BenchModule(R3LightningModule):
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
-            if batch_idx == 0:
+            if step == 0:
                 self.first_losses[name] = loss
-            if batch_idx >= self.warmup:
+            if step >= self.warmup:
                 self.times[name].append(elapsed)
                 self.cpu_times[name].append(cpu_elapsed)
 
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seq-len", type=int, default=128, help="longest sequence (rows are max/2..max tokens)")
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--target-params", type=int, default=5_000_000)
+    parser.add_argument("--hidden-size", type=int, default=256, help="model width; depth is set by --target-params")
     parser.add_argument("--repeats", type=int, default=7, help="timed steps (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--accelerator", default="cpu", help="cpu (default) or gpu")
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     suite = MathSuite(source="arithmetic", num_val_tasks=4, instruction="")
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=args.seq_len)
     tokenizer = build_tokenizer(corpus_from_suite(suite, agent), vocab_size=1024)
-    spec = tiny_spec(len(tokenizer), args.target_params)
+    spec = tiny_spec(len(tokenizer), args.target_params, args.hidden_size)
     policy = build_tiny_model(spec, tokenizer, seed=0)
     reference_copy = copy.deepcopy(policy)
     params = count_parameters(policy)
@@ -218,7 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     datamodule = RolloutDataModule(suite, group_size=8, tasks_per_step=1, agent=agent)
     trainer = L.Trainer(
-        accelerator=args.accelerator, devices=1, precision="32-true", max_steps=args.warmup + args.repeats,
+        # Each training step runs two optimizer steps of ours (with and without the entropy metric).
+        accelerator=args.accelerator, devices=1, precision="32-true", max_steps=2 * (args.warmup + args.repeats),
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0,
     )

@@ -33,13 +33,15 @@ class PrefixKVCache:
         self.lengths: Counter[int] = Counter()
         self.tokens = 0
         self._generator = torch.Generator().manual_seed(seed)
-        self._weights = torch.empty(0, dtype=torch.long)
+        # Hashing stays on the CPU whatever the default device (Lightning builds the engine under
+        # ``trainer.init_module()``, which makes new tensors land on the GPU).
+        self._weights = torch.empty(0, dtype=torch.long, device="cpu")
 
     def _weighted(self, token_ids: list[int]) -> torch.Tensor:
         if len(token_ids) > len(self._weights):
             extra = torch.randint(-(2**62), 2**62, (max(len(token_ids), 1024) - len(self._weights),), generator=self._generator)
             self._weights = torch.cat([self._weights, extra])
-        return torch.tensor(token_ids, dtype=torch.long) * self._weights[: len(token_ids)]
+        return torch.tensor(token_ids, dtype=torch.long, device="cpu") * self._weights[: len(token_ids)]
 
     def longest_prefix(self, prompt: list[int]) -> tuple[int, Optional[LayerKV]]:
         """(length, kv) of the longest stored sequence that is a proper prefix of ``prompt`` (at least

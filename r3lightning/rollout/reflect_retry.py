@@ -216,13 +216,19 @@ class ReflectRetryExplorer:
         """Texts of this explorer's prompts and, when the suite has a diagnostician, example
         reflections, so a tokenizer trained in memory encodes reflections compactly."""
         texts = [self.reflection_template, self.guidance_template]
+        rng = random.Random(0)
         for index in range(num_tasks):
             task = suite.train_task(index)
             plan = suite.demonstration(task) or []
-            diagnosis = suite.diagnose(task, ["look", *plan])
-            if diagnosis is None:
-                break
-            texts.extend([json.dumps(diagnosis), self.guidance(diagnosis)])
+            # An inefficient success, then a failure with a mistake at a random step: the failure
+            # wording ("failed", the root causes) must be in the vocabulary as much as the success's.
+            step = rng.randrange(max(len(plan), 1))
+            flawed = plan[:step] + [_wrong_action(suite, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
+            for actions in (["look", *plan], flawed):
+                diagnosis = suite.diagnose(task, actions)
+                if diagnosis is None:
+                    return texts
+                texts.extend([json.dumps(diagnosis), self.guidance(diagnosis)])
         return texts
 
     # ---- exploration --------------------------------------------------------------------------

@@ -77,13 +77,19 @@ def _module_and_data():
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_sft_then_r3l_fit_on_gpu(precision):
     module, data = _module_and_data()
+    devices = []
+
+    class DeviceSpy(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            devices.append(next(pl_module.policy.parameters()).device.type)
+
     trainer = L.Trainer(
         accelerator="gpu", devices=1, precision=precision, max_steps=4, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=1,
-        val_check_interval=4, check_val_every_n_epoch=None,
+        val_check_interval=4, check_val_every_n_epoch=None, callbacks=[DeviceSpy()],
     )
     trainer.fit(module, data)
-    assert next(module.policy.parameters()).device.type == "cuda"
+    assert devices == ["cuda"] * 4  # Lightning moves the module back to the CPU when fit ends
     untrained = build_tiny_model(module.model_config.tiny, module.tokenizer, seed=0)
     changed = [not torch.equal(a.cpu(), b) for a, b in zip(module.policy.parameters(), untrained.parameters())]
     assert all(changed)

@@ -131,3 +131,13 @@ def test_prefix_cache_evicts_least_recently_used():
     assert cache.longest_prefix([3, 4, 9]) == (0, None)
     assert cache.longest_prefix([1, 2]) == (0, None)  # a prompt equal to the entry leaves nothing to prefill
     assert cache.longest_prefix([1, 2, 7])[0] == 2 and cache.tokens == 4
+
+
+def test_prefix_cache_hashes_on_cpu_whatever_the_default_device():
+    # Lightning builds the engine under trainer.init_module(), which sets the default device to the
+    # GPU; "meta" stands in for it here.
+    with torch.device("meta"):
+        cache = PrefixKVCache(max_tokens=100)
+    kv = [(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1))]
+    cache.put([1, 2, 3], kv)
+    assert cache.longest_prefix([1, 2, 3, 4])[0] == 3

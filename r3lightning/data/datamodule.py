@@ -302,9 +302,11 @@ def conversation_trajectory(messages: list[dict], tokenizer, task_id: str, origi
 
 def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int = 64) -> list[str]:
     """Texts a tiny tokenizer should compress well: system prompt, observations, feedback and
-    rendered expert actions of the first ``num_tasks`` training tasks and all validation tasks."""
+    rendered expert actions of the first ``num_tasks`` training and validation tasks. Capping the
+    validation tasks keeps the tokenizer (and so checkpoints) the same when only the size of the
+    validation set changes."""
     texts = [suite.system_prompt, INVALID_FORMAT_FEEDBACK]
-    tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()
+    tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()[:num_tasks]
     for task in tasks:
         env = suite.make_env()
         texts.append(env.reset(task))

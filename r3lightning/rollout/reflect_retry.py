@@ -342,8 +342,10 @@ def scripted_reflection_samples(
     """Warm-start SFT data from a suite's scripted diagnostician (procedural worlds have one).
 
     For each task: the expert plan with one injected mistake (a random admissible action at a random
-    step), continued with random admissible actions; the diagnostician's reflection of it (reflect
-    sample), and the expert's continuation from the pivot under the guidance (retry sample).
+    step), continued like the policy's own episodes are: half the time by the expert's recovery (a
+    success, often an inefficient one), half the time by random admissible actions until the episode
+    ends; the diagnostician's reflection of it (reflect sample), and the expert's continuation from
+    the pivot under the guidance (retry sample).
     """
     suite = loop.suite
     samples: list[Trajectory] = []
@@ -352,6 +354,10 @@ def scripted_reflection_samples(
         plan = suite.demonstration(task) or []
         step = rng.randrange(max(len(plan), 1))
         actions = plan[:step] + [_wrong_action(suite, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
+        if rng.random() < 0.5:
+            actions += suite.expert_continuation(task, actions) or []
+        else:
+            actions += _random_actions(suite, task, actions, len(plan) + 2, rng)
         flawed_actions.append(actions)
     flawed = loop.play_actions([EpisodeRequest(task=t) for t in tasks], flawed_actions, allow_unfinished=True)
     chat = ChatFormatter(loop.tokenizer, system_prompt=None)
@@ -377,6 +383,23 @@ def scripted_reflection_samples(
         turns = [dataclasses.replace(t, trainable=False) for t in traj.turns[:k]] + list(traj.turns[k:])
         samples.append(dataclasses.replace(traj, turns=turns, origin="retry_sft", info={}))
     return samples
+
+
+def _random_actions(suite, task: Task, prefix: list[str], count: int, rng: random.Random) -> list[str]:
+    """Up to ``count`` random admissible actions played after ``prefix`` (fewer when the episode ends)."""
+    env = suite.make_env()
+    env.reset(task)
+    result = None
+    for action in prefix:
+        result = env.step(action)
+    actions: list[str] = []
+    while len(actions) < count and (result is None or not result.done):
+        admissible = list(result.info.get("admissible_actions", [])) if result is not None else []
+        if not admissible:
+            break
+        actions.append(rng.choice(admissible))
+        result = env.step(actions[-1])
+    return actions
 
 
 def _wrong_action(suite, task: Task, prefix: list[str], correct: Optional[str], rng: random.Random) -> str:

@@ -184,3 +184,26 @@ def test_distill_requires_a_guided_turn():
 
     with pytest.raises(ValueError, match="no guided turn"):
         distill(Trajectory("t", [Turn([1], [2])]), pivot=0)
+
+
+def test_scripted_reflection_samples_reflect_on_whole_episodes(world_suite, world_tokenizer):
+    """The warm-start's reflect samples look like the policy's own episodes: played to the end after
+    the mistake (a failure uses every turn) or recovered by the expert (an inefficient success)."""
+    import random
+
+    from r3lightning.rollout.reflect_retry import scripted_reflection_samples
+    from scripted_engine import ScriptedEngine
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
+    tasks = [world_suite.train_task(i) for i in range(24)]
+    samples = scripted_reflection_samples(loop, ReflectRetryExplorer(), tasks, random.Random(0))
+    reflections = [json.loads(world_tokenizer.decode(s.turns[0].response_ids[:-1])) for s in samples if s.origin == "reflect_sft"]
+    outcomes = {r["trajectory_outcome"] for r in reflections}
+    assert {"failure", "success_but_inefficient"} <= outcomes
+    for r in reflections:
+        steps = int(r["trajectory_summary"].split()[0])
+        assert 0 <= r["retry_from_step"] < steps
+        if r["trajectory_outcome"] == "failure":
+            assert steps == world_suite.max_turns
+    retries = [s for s in samples if s.origin == "retry_sft"]
+    assert retries and all(s.success for s in retries)

@@ -385,33 +385,31 @@ def scripted_reflection_samples(
     return samples
 
 
-def _random_actions(suite, task: Task, prefix: list[str], count: int, rng: random.Random) -> list[str]:
-    """Up to ``count`` random admissible actions played after ``prefix`` (fewer when the episode ends)."""
-    env = suite.make_env()
-    env.reset(task)
-    result = None
-    for action in prefix:
-        result = env.step(action)
-    actions: list[str] = []
-    while len(actions) < count and (result is None or not result.done):
-        admissible = list(result.info.get("admissible_actions", [])) if result is not None else []
-        if not admissible:
-            break
-        actions.append(rng.choice(admissible))
-        result = env.step(actions[-1])
-    return actions
-
-
-def _wrong_action(suite, task: Task, prefix: list[str], correct: Optional[str], rng: random.Random) -> str:
+def _replayed(suite, task: Task, prefix: list[str]):
+    """(environment reset to ``task`` with ``prefix`` played, admissible actions after it, episode over)."""
     env = suite.make_env()
     env.reset(task)
     result = None
     for action in prefix:
         result = env.step(action)
     admissible = list(result.info.get("admissible_actions", [])) if result is not None else []
+    return env, admissible, result is not None and result.done
+
+
+def _random_actions(suite, task: Task, prefix: list[str], count: int, rng: random.Random) -> list[str]:
+    """Up to ``count`` random admissible actions played after ``prefix`` (fewer when the episode ends)."""
+    env, admissible, done = _replayed(suite, task, prefix)
+    actions: list[str] = []
+    while len(actions) < count and admissible and not done:
+        actions.append(rng.choice(admissible))
+        result = env.step(actions[-1])
+        admissible, done = list(result.info.get("admissible_actions", [])), result.done
+    return actions
+
+
+def _wrong_action(suite, task: Task, prefix: list[str], correct: Optional[str], rng: random.Random) -> str:
+    _, admissible, _ = _replayed(suite, task, prefix)
     if not admissible:
-        probe = suite.make_env()
-        probe.reset(task)
-        admissible = list(probe.step("look").info.get("admissible_actions", []))
+        _, admissible, _ = _replayed(suite, task, ["look"])
     choices = [a for a in admissible if a != correct] or ["look"]
     return rng.choice(choices)

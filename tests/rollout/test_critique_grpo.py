@@ -200,7 +200,7 @@ def trained(world_suite):
     algorithm, explorer = preset("critique_grpo")
     dm = RolloutDataModule(
         world_suite, explorer=explorer, group_size=4, tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=8), agent=AgentLoopConfig(max_context_tokens=512),
+        sampling=SamplingParams(max_new_tokens=8), agent=AgentLoopConfig(max_context_tokens=768),
     )
     module = R3LightningModule(model=ModelConfig(tiny=SPEC), algorithm=algorithm, optim=OptimConfig(lr=1e-3))
     tasks = [world_suite.train_task(i) for i in range(2)]

@@ -185,7 +185,7 @@ def test_reflect_grpo_preset_trains_one_step(world_suite):
     assert (algorithm.advantage, algorithm.pivotal_credit, algorithm.positive_amplification) == ("grpo", False, False)
     dm = RolloutDataModule(
         world_suite, explorer=explorer, group_size=4, tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=8), agent=AgentLoopConfig(max_context_tokens=512),
+        sampling=SamplingParams(max_new_tokens=8), agent=AgentLoopConfig(max_context_tokens=768),
     )
     spec = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=400)
     module = R3LightningModule(model=ModelConfig(tiny=spec), algorithm=algorithm, optim=OptimConfig(lr=1e-3))

@@ -91,6 +91,18 @@ def tokens_per_s(engine, prompts, params, repeats: int) -> tuple[float, int, flo
     return best
 
 
+def batch_sweep(name: str, engine, prompts, params, args) -> dict[str, float]:
+    """``{name}_tokens_per_s_batch{b}`` and ``{name}_generate_s_batch{b}`` for every batch size, after a warm-up."""
+    engine.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=4))
+    figures = {}
+    for batch in args.batches:
+        rate, tokens, seconds = tokens_per_s(engine, prompts[:batch], params, args.repeats)
+        figures[f"{name}_tokens_per_s_batch{batch}"] = round(rate, 1)
+        figures[f"{name}_generate_s_batch{batch}"] = round(seconds, 3)
+        print(f"{name:5s} batch {batch:4d}: {rate:10.1f} tok/s ({tokens} tokens, {seconds:.2f} s)", flush=True)
+    return figures
+
+
 def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False, for_sync: bool = False):
     from r3lightning.rollout.vllm_engine import VLLMEngine
 
@@ -161,12 +173,7 @@ def main() -> None:
 
     if not args.skip_hf:
         hf = HFEngine(policy, tokenizer, max_batch_size=max(args.batches))
-        hf.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=4))  # warm-up
-        for batch in args.batches:
-            rate, tokens, seconds = tokens_per_s(hf, prompts[:batch], params, args.repeats)
-            figures[f"hf_tokens_per_s_batch{batch}"] = round(rate, 1)
-            figures[f"hf_generate_s_batch{batch}"] = round(seconds, 3)
-            print(f"hf    batch {batch:4d}: {rate:10.1f} tok/s ({tokens} tokens, {seconds:.2f} s)", flush=True)
+        figures.update(batch_sweep("hf", hf, prompts, params, args))
         del hf
 
     sync_models = {}
@@ -179,12 +186,7 @@ def main() -> None:
         start = time.perf_counter()
         engine = vllm_engine(policy, tokenizer, args, dtype, sleep_mode=device == "cuda")
         figures["vllm_startup_s"] = round(time.perf_counter() - start, 2)
-        engine.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=4))  # warm-up
-        for batch in args.batches:
-            rate, tokens, seconds = tokens_per_s(engine, prompts[:batch], params, args.repeats)
-            figures[f"vllm_tokens_per_s_batch{batch}"] = round(rate, 1)
-            figures[f"vllm_generate_s_batch{batch}"] = round(seconds, 3)
-            print(f"vllm  batch {batch:4d}: {rate:10.1f} tok/s ({tokens} tokens, {seconds:.2f} s)", flush=True)
+        figures.update(batch_sweep("vllm", engine, prompts, params, args))
         for batch in args.batches:
             if f"hf_tokens_per_s_batch{batch}" in figures:
                 figures[f"vllm_over_hf_speedup_batch{batch}"] = round(

@@ -103,11 +103,11 @@ def make_experience(batch: int, max_len: int, vocab: int, pad_id: int, seed: int
 @torch.no_grad()
 def fill_behaviour_logprobs(model: torch.nn.Module, exp: ExperienceBatch, micro: int) -> None:
     """old_logprobs from the initial weights, so the PPO ratio starts at 1 as after a real rollout."""
-    for start in range(0, len(exp), micro):
-        m = exp.slice(start, start + micro)
+    for rows in exp.micro_batches(micro):
+        m = exp.take(rows)
         logits = model(input_ids=m.input_ids, attention_mask=m.attention_mask).logits[:, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, m.input_ids[:, 1:, None]).squeeze(-1)
-        exp.old_logprobs[start : start + micro, 1 : m.input_ids.shape[1]] = logp
+        exp.old_logprobs[rows, 1 : m.input_ids.shape[1]] = logp
 
 
 class PlainLoop:
@@ -118,7 +118,7 @@ class PlainLoop:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas)
         self.grad_clip = optim.grad_clip
         self.eps_low, self.eps_high = algo.clip_eps_low, algo.clip_eps_high
-        self.micro = [exp.slice(s, s + optim.micro_batch_size) for s in range(0, len(exp), optim.micro_batch_size)]
+        self.micro = [exp.take(rows) for rows in exp.micro_batches(optim.micro_batch_size)]
         self.total_tokens = float(exp.loss_mask[:, 1:].sum())
 
     def step(self) -> float:

@@ -124,6 +124,15 @@ class PhaseConfig:
     sft_warmup_steps: int = 0
 
 
+def scheduled_learning_rate(step: int, optim: OptimConfig, sft_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based), a pure function of the step so that resuming
+    needs no scheduler state: linear warm-up over ``optim.warmup_steps`` to ``optim.sft_lr`` for steps
+    < ``sft_steps`` (``optim.lr`` when unset), then ``optim.lr``."""
+    warm_up = min(1.0, (step + 1) / (max(optim.warmup_steps, 0) + 1))
+    sft = step < sft_steps and optim.sft_lr is not None
+    return (optim.sft_lr if sft else optim.lr) * warm_up
+
+
 def allow_in_checkpoints(*configs: Any) -> None:
     """Allow the config dataclasses in ``configs`` (and those nested in them) in ``torch.load(weights_only=True)``.
 
@@ -227,11 +236,7 @@ class R3LightningModule(L.LightningModule):
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
 
     def learning_rate(self) -> float:
-        """The schedule is a pure function of the global step and phase (so resume needs no state):
-        the phase's base rate with linear warm-up over ``optim.warmup_steps``."""
-        cfg = self.optim_config
-        base = cfg.sft_lr if (self.phase == "sft" and cfg.sft_lr is not None) else cfg.lr
-        return base * min(1.0, (self.global_step + 1) / (max(cfg.warmup_steps, 0) + 1))
+        return scheduled_learning_rate(self.global_step, self.optim_config, self.phases.sft_warmup_steps)
 
     # ---- phases -------------------------------------------------------------------------------
     @property
@@ -338,20 +343,20 @@ class R3LightningModule(L.LightningModule):
             return
         width = experience.input_ids.shape[1]
         ref = torch.zeros_like(experience.old_logprobs) if need_ref else None
-        for start in range(0, len(experience), size):
-            micro = experience.slice(start, start + size).to(self.device)
+        for rows in experience.micro_batches(size):
+            micro = experience.take(rows).to(self.device)
             cols = micro.input_ids.shape[1]
             if cols < 2:  # no token to score (episodes that ended before their first turn)
                 continue
             if cfg.recompute_old_logprobs:
                 logp, _ = self.sequence_logprobs(self.policy, micro)
-                experience.old_logprobs[start : start + size, 1:cols] = logp.float().cpu()
+                experience.old_logprobs[rows, 1:cols] = logp.float().cpu()
             if need_ref:
                 ref_model = self.reference if self.reference is not None else self.policy
                 context = self.policy.disable_adapter() if self.reference is None else contextlib.nullcontext()
                 with context:
                     logp, _ = self.sequence_logprobs(ref_model, micro)
-                ref[start : start + size, 1:cols] = logp.float().cpu()
+                ref[rows, 1:cols] = logp.float().cpu()
         if ref is not None:
             experience.ref_logprobs = ref[:, :width]
 
@@ -377,8 +382,8 @@ class R3LightningModule(L.LightningModule):
         for _ in range(max(cfg.update_epochs, 1)):
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
-            for start in range(0, len(experience), size):
-                micro = experience.slice(start, start + size).to(self.device)
+            for rows in experience.micro_batches(size):
+                micro = experience.take(rows).to(self.device)
                 losses = self.micro_batch_loss(micro, totals)
                 self.manual_backward(losses["loss"] * scale)
                 for name, value in losses.items():

@@ -172,18 +172,31 @@ class ExperienceBatch:
             moved[name] = value.to(device) if isinstance(value, torch.Tensor) else value
         return ExperienceBatch(**moved)
 
-    def slice(self, start: int, end: int) -> "ExperienceBatch":
-        """Rows ``start:end`` (a micro-batch), trimmed to the longest row in it."""
-        rows = {}
-        length = int(self.attention_mask[start:end].sum(dim=1).max().item()) if end > start else 0
+    def micro_batches(self, size: int) -> list[torch.Tensor]:
+        """Row indices of micro-batches of at most ``size`` rows, longest rows first (stable), so each
+        micro-batch pads its rows only to rows of similar length. Every loss is a global sum over rows,
+        so the grouping changes nothing but the floating-point summation order."""
+        if size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {size}")
+        order = torch.argsort(self.attention_mask.sum(dim=1), descending=True, stable=True)
+        return list(order.split(size))
+
+    def take(self, rows: torch.Tensor) -> "ExperienceBatch":
+        """The rows at indices ``rows`` (a micro-batch), trimmed to the longest of them."""
+        length = int(self.attention_mask[rows].sum(dim=1).max().item()) if len(rows) else 0
+        picked = {}
         for name, value in self.__dict__.items():
             if isinstance(value, torch.Tensor):
-                value = value[start:end]
+                value = value[rows]
                 if value.dim() == 2:
                     value = value[:, :length]
-                rows[name] = value
+                picked[name] = value
             elif isinstance(value, list):
-                rows[name] = value[start:end]
+                picked[name] = [value[i] for i in rows.tolist()]
             else:
-                rows[name] = value
-        return ExperienceBatch(**rows)
+                picked[name] = value
+        return ExperienceBatch(**picked)
+
+    def slice(self, start: int, end: int) -> "ExperienceBatch":
+        """Rows ``start:end``, trimmed to the longest row in them."""
+        return self.take(torch.arange(start, min(end, len(self))))

@@ -90,6 +90,26 @@ def test_micro_batch_slice_trims_padding():
     assert torch.equal(batch.slice(0, 2).input_ids, batch.input_ids)
 
 
+def test_micro_batches_group_rows_by_length_and_take_keeps_rows_whole():
+    rows = [
+        Trajectory("short", [Turn([1], [2], [-0.1])], reward=0.0),
+        Trajectory("long", [Turn([1], [2, 3, 4, 5], [-0.2] * 4)], reward=1.0, origin="distilled"),
+        Trajectory("mid", [Turn([1], [6, 7], [-0.3] * 2)], reward=0.5),
+    ]
+    batch = collate_experience(rows, [0.0, 2.0, 1.0], 0)
+    assert [m.tolist() for m in batch.micro_batches(2)] == [[1, 2], [0]]
+    first = batch.take(torch.tensor([1, 2]))
+    assert first.task_ids == ["long", "mid"] and first.origins == ["distilled", "base"]
+    assert first.rewards.tolist() == [1.0, 0.5]
+    for new_row, old_row in enumerate([1, 2]):
+        for name in ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs"):
+            assert torch.equal(getattr(first, name)[new_row], getattr(batch, name)[old_row]), name
+    # The short row's micro-batch is padded to its own length (2 tokens), not the batch's (5).
+    assert batch.take(torch.tensor([0])).input_ids.shape == (1, 2)
+    with pytest.raises(ValueError, match="micro-batch size"):
+        batch.micro_batches(0)
+
+
 def test_reflection_demos_limited_to_reflection_tasks_per_step():
     from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
     from r3lightning.envs.textworld_procedural import ProceduralWorldSuite

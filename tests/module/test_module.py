@@ -162,3 +162,12 @@ def test_reward_error_samples_are_masked():
     experience, _ = module.build_experience(groups, [])
     assert experience.loss_mask[0].sum() == 0
     assert experience.loss_mask[1:].sum() > 0
+
+
+def test_scheduled_learning_rate_warm_up_then_phase_rates():
+    from r3lightning.module import scheduled_learning_rate
+
+    optim = OptimConfig(lr=0.1, sft_lr=1.0, warmup_steps=1)
+    # Linear warm-up halves step 0; the SFT rate holds until the warm-start's last step (2).
+    assert [scheduled_learning_rate(step, optim, sft_steps=3) for step in range(4)] == pytest.approx([0.5, 1.0, 1.0, 0.1])
+    assert scheduled_learning_rate(0, OptimConfig(lr=0.3), sft_steps=2) == pytest.approx(0.3)

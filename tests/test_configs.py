@@ -294,3 +294,28 @@ def test_gpu_recipes_run_r3l_on_qwen(cli, name):
     assert cfg.data.suite.class_path == suite and getattr(cfg.data.suite.init_args, limit_key) == limit
     header = path.read_text().split("\nseed_everything")[0]
     assert "UNTESTED" in header and f"r3l fit --config configs/recipes/{name}" in header
+
+
+def test_comparison_arms_parse_on_the_quickstart_with_its_alpha(cli, monkeypatch):
+    """benchmarks/compare_algorithms.py: every arm's arguments parse on the recipe, and the amplifying
+    arms run the recipe's alpha rather than their preset's."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_algorithms", ROOT / "benchmarks" / "compare_algorithms.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    monkeypatch.chdir(ROOT)  # the arms name their presets relative to the repository root
+    args = argparse.Namespace(recipe="configs/quickstart.yaml", warmup_steps=None, rl_steps=None, val_every=None, alpha=None)
+    compare.recipe_defaults(args)
+    recipe = _load(CONFIGS / "quickstart.yaml")
+    assert args.alpha == recipe["model"]["algorithm"]["alpha"]
+    assert args.warmup_steps + args.rl_steps == recipe["trainer"]["max_steps"]
+    for method, arm in compare.METHODS.items():
+        alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in compare.AMPLIFIED else []
+        parsed = cli.parser.parse_args(["fit", "--config", args.recipe, *arm, *alpha])
+        algorithm = parsed.fit.model.algorithm
+        assert algorithm.positive_amplification == (method in compare.AMPLIFIED), method
+        if algorithm.positive_amplification:
+            assert algorithm.alpha == args.alpha, method
+        assert algorithm.pivotal_credit == (method not in ("grpo", "r3l_wo_credit")), method

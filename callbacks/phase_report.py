@@ -11,7 +11,12 @@ import lightning as L
 from callbacks.monitor import log_dir_of
 
 
-ROLLOUT_FIGURES = ("rollout/retry_improvement_rate", "rollout/reflection_invalid_rate", "rollout/retry_rate")
+ROLLOUT_FIGURES = (
+    "rollout/retry_improvement_rate",
+    "rollout/reflection_invalid_rate",
+    "rollout/retry_rate",
+    "rollout/reflection_outcome_agreement",
+)
 
 
 class PhaseReport(L.Callback):

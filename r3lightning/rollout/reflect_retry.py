@@ -168,6 +168,12 @@ class ReflectRetryExplorer:
             ``{outcome}`` fields; empty for the built-in one.
         guidance_template: path of a guidance template with the reflection's field names; empty for
             the built-in one.
+        retry_below_max_reward_only: retry only trajectories whose reward is below ``max_reward``,
+            whatever their reflection's outcome says. The paper trusts the reflection (``success`` →
+            no retry); a small policy's self-assessment is unreliable
+            (``rollout/reflection_outcome_agreement``), and the retry of a trajectory that already
+            has the maximum reward can at best tie it, so that half of the budget is better spent on
+            failures. This also skips the retries of inefficient successes.
         step_split: ``auto``: when the suite plays one turn per episode (``max_turns == 1``, single-turn
             reasoning), pivot on reasoning steps — responses are split into lines
             (``rollout.steps.step_lengths``) and the retry continues the message from the first k
@@ -185,6 +191,7 @@ class ReflectRetryExplorer:
         reflection_template: str = "",
         guidance_template: str = "",
         step_split: Literal["auto", "off"] = "auto",
+        retry_below_max_reward_only: bool = False,
     ) -> None:
         if step_split not in ("auto", "off"):
             raise ValueError(f"step_split must be 'auto' or 'off', got {step_split!r}")
@@ -196,6 +203,7 @@ class ReflectRetryExplorer:
         self.reflection_template = load_template(reflection_template, "reflection.txt")
         self.guidance_template = load_template(guidance_template, "guidance.txt")
         self.step_split = step_split
+        self.retry_below_max_reward_only = retry_below_max_reward_only
 
     # ---- prompts ------------------------------------------------------------------------------
     def reflection_prompt(self, trajectory: Trajectory, tokenizer=None) -> str:
@@ -248,6 +256,8 @@ class ReflectRetryExplorer:
         requests = []
         for i, (traj, (reflection, _)) in enumerate(zip(base, parsed)):
             if reflection is None or reflection.trajectory_outcome == "success" or traj.reward_error:
+                continue
+            if self.retry_below_max_reward_only and traj.reward >= self.max_reward:
                 continue
             k = reflection.retry_from_step
             task = tasks[i // n_base]
@@ -325,10 +335,14 @@ class ReflectRetryExplorer:
     @staticmethod
     def metrics(base, parsed, retry_of, retries, improved) -> dict[str, float]:
         invalid = sum(1 for reflection, _ in parsed if reflection is None)
+        # Does the reflection's outcome match the environment's verdict? Both success labels count as
+        # claiming success.
+        judged = [(r.trajectory_outcome != "failure") == t.success for t, (r, _) in zip(base, parsed) if r is not None]
         positions = [retry.info["pivot"] / max(len(base[i].turns), 1) for i, retry in zip(retry_of, retries)]
         saved = sum(sum(len(t.response_ids) for t in base[i].turns[: r.info["pivot"]]) for i, r in zip(retry_of, retries))
         return {
             "rollout/reflection_invalid_rate": invalid / max(len(parsed), 1),
+            "rollout/reflection_outcome_agreement": sum(judged) / len(judged) if judged else 0.0,
             "rollout/retry_rate": len(retries) / max(len(base), 1),
             "rollout/retry_improvement_rate": improved / max(len(retries), 1),
             "rollout/pivot_position": sum(positions) / len(positions) if positions else 0.0,

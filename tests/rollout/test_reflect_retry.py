@@ -105,6 +105,7 @@ def test_explorer_retries_from_pivot_and_distills_without_guidance(world_suite, 
             assert text.count("<|im_start|>user") == len(d.turns)  # one observation per turn: the pivot's shown once
             assert d.turns[1].context_ids == b.turns[1].context_ids  # and exactly as the base saw it
     assert out.metrics["rollout/reflection_invalid_rate"] == 0.0
+    assert out.metrics["rollout/reflection_outcome_agreement"] == 1.0  # "failure", and "look" does fail
     assert out.metrics["rollout/pivot_position"] == 0.25
     assert out.metrics["rollout/retry_tokens_saved"] > 0
     assert out.sft == []  # a "look" retry never improves: no meta-tasks
@@ -169,6 +170,40 @@ def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
     assert "do it right" in world_tokenizer.decode(retry_sample.token_ids())  # trained under the guidance
     batch = collate_experience(out.sft, [0.0, 0.0], world_tokenizer.pad_token_id)
     assert batch.sft_mask.sum() > 0 and batch.loss_mask.sum() == 0
+
+
+class ExpertEngine(ScriptedReflectionEngine):
+    """Plays the task's expert plan; reflections are the fixed JSON."""
+
+    def __init__(self, tokenizer, reflection, plan):
+        super().__init__(tokenizer, reflection)
+        self.plan = plan
+
+    def generate(self, prompts, params):
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            if "Review this attempt" in text:
+                reply = self.reflection
+            else:
+                step = sum(1 for a in self.plan if f"<action>{a}</action>" in text)
+                reply = f"<action>{self.plan[min(step, len(self.plan) - 1)]}</action>"
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
+        return out
+
+
+def test_successes_judged_failures_retry_unless_gated_on_reward(world_suite, world_tokenizer):
+    task = world_suite.train_task(0)
+    wrong_verdict = json.dumps({**VALID, "trajectory_outcome": "failure", "retry_from_step": 0})
+    loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, wrong_verdict, world_suite.demonstration(task)), world_tokenizer)
+    trusting = ReflectRetryExplorer().explore([task], loop, group_size=4, params=SamplingParams())
+    assert all(t.success for t in trusting.groups[0])
+    assert sorted(t.origin for t in trusting.groups[0]) == ["base", "base", "distilled", "distilled"]
+    assert trusting.metrics["rollout/reflection_outcome_agreement"] == 0.0
+    gated = ReflectRetryExplorer(retry_below_max_reward_only=True).explore([task], loop, group_size=4, params=SamplingParams())
+    assert [t.origin for t in gated.groups[0]] == ["base", "base"]
+    assert gated.metrics["rollout/retry_rate"] == 0.0
 
 
 def test_wo_reflect_ablation_is_plain_sampling(world_suite, world_tokenizer, world_policy):

@@ -334,16 +334,15 @@ class R3LightningModule(L.LightningModule):
         return algos.selective_log_softmax(logits, batch.input_ids[:, 1:]), logits
 
     @torch.no_grad()
-    def _fill_logprobs(self, experience: ExperienceBatch) -> None:
+    def _fill_logprobs(self, experience: ExperienceBatch, micro_batches: list[torch.Tensor]) -> None:
         """Reference log-probs (KL) and recomputed behaviour log-probs, one no-grad pass each."""
         cfg = self.algorithm
-        size = self.optim_config.micro_batch_size
         need_ref = cfg.kl_coef > 0 and self.phase == "rl"
         if not need_ref and not cfg.recompute_old_logprobs:
             return
         width = experience.input_ids.shape[1]
         ref = torch.zeros_like(experience.old_logprobs) if need_ref else None
-        for rows in experience.micro_batches(size):
+        for rows in micro_batches:
             micro = experience.take(rows).to(self.device)
             cols = micro.input_ids.shape[1]
             if cols < 2:  # no token to score (episodes that ended before their first turn)
@@ -366,7 +365,8 @@ class R3LightningModule(L.LightningModule):
         optimizer = self.optimizers()
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate()
-        self._fill_logprobs(experience)
+        micro_batches = experience.micro_batches(self.optim_config.micro_batch_size)
+        self._fill_logprobs(experience, micro_batches)
         rl_mask = experience.loss_mask[:, 1:]
         totals = {
             "rl_tokens": self._reduce_sum(rl_mask.sum()),
@@ -377,12 +377,11 @@ class R3LightningModule(L.LightningModule):
         # Every loss is a global sum / global count, so the gradients of all ranks must be *summed*.
         # Under DDP we do that ourselves once per step (below); FSDP averages, so undo its mean.
         scale = 1.0 if self._sums_gradients_itself() else float(self.trainer.world_size)
-        size = self.optim_config.micro_batch_size
         stats: dict[str, float] = {}
         for _ in range(max(cfg.update_epochs, 1)):
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
-            for rows in experience.micro_batches(size):
+            for rows in micro_batches:
                 micro = experience.take(rows).to(self.device)
                 losses = self.micro_batch_loss(micro, totals)
                 self.manual_backward(losses["loss"] * scale)

@@ -76,11 +76,13 @@ class ScriptedReflectionEngine:
         self.tokenizer, self.reflection, self.action = tokenizer, reflection, action
         self.weight_version = 0
 
+    def reply(self, text):
+        return self.reflection if "Review this attempt" in text else f"<action>{self.action}</action>"
+
     def generate(self, prompts, params):
         out = []
         for prompt in prompts:
-            text = self.tokenizer.decode(prompt)
-            reply = self.reflection if "Review this attempt" in text else f"<action>{self.action}</action>"
+            reply = self.reply(self.tokenizer.decode(prompt))
             ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
             out.append(Generation(ids, [-0.5] * len(ids), "stop"))
         return out
@@ -139,25 +141,23 @@ def test_success_reflection_means_no_retry(world_suite, world_tokenizer):
     assert all(t.origin == "base" for t in out.groups[0])
 
 
+def expert_action(plan, text):
+    """The plan's next action, counting the plan actions already taken in the conversation ``text``."""
+    step = sum(1 for a in plan if f"<action>{a}</action>" in text)
+    return f"<action>{plan[min(step, len(plan) - 1)]}</action>"
+
+
 def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
     task = world_suite.train_task(0)
     plan = world_suite.demonstration(task)
 
     class ExpertOnRetry(ScriptedReflectionEngine):
-        def generate(self, prompts, params):
-            out = []
-            for prompt in prompts:
-                text = self.tokenizer.decode(prompt)
-                if "Review this attempt" in text:
-                    reply = json.dumps({**VALID, "retry_from_step": 0, "improvement_suggestion": "do it right"})
-                elif "do it right" in text or "You are carrying" in text or "You take" in text:
-                    step = sum(1 for a in plan if f"<action>{a}</action>" in text)
-                    reply = f"<action>{plan[min(step, len(plan) - 1)]}</action>"
-                else:
-                    reply = "<action>look</action>"
-                ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-                out.append(Generation(ids, [-0.5] * len(ids), "stop"))
-            return out
+        def reply(self, text):
+            if "Review this attempt" in text:
+                return json.dumps({**VALID, "retry_from_step": 0, "improvement_suggestion": "do it right"})
+            if "do it right" in text or "You are carrying" in text or "You take" in text:
+                return expert_action(plan, text)
+            return "<action>look</action>"
 
     loop = AgentLoop(world_suite, ExpertOnRetry(world_tokenizer, ""), world_tokenizer)
     out = ReflectRetryExplorer().explore([task], loop, group_size=2, params=SamplingParams())
@@ -179,18 +179,8 @@ class ExpertEngine(ScriptedReflectionEngine):
         super().__init__(tokenizer, reflection)
         self.plan = plan
 
-    def generate(self, prompts, params):
-        out = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt)
-            if "Review this attempt" in text:
-                reply = self.reflection
-            else:
-                step = sum(1 for a in self.plan if f"<action>{a}</action>" in text)
-                reply = f"<action>{self.plan[min(step, len(self.plan) - 1)]}</action>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return out
+    def reply(self, text):
+        return self.reflection if "Review this attempt" in text else expert_action(self.plan, text)
 
 
 def test_successes_judged_failures_retry_unless_gated_on_reward(world_suite, world_tokenizer):

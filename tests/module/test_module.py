@@ -168,6 +168,24 @@ def test_scheduled_learning_rate_warm_up_then_phase_rates():
     from r3lightning.module import scheduled_learning_rate
 
     optim = OptimConfig(lr=0.1, sft_lr=1.0, warmup_steps=1)
-    # Linear warm-up halves step 0; the SFT rate holds until the warm-start's last step (2).
-    assert [scheduled_learning_rate(step, optim, sft_steps=3) for step in range(4)] == pytest.approx([0.5, 1.0, 1.0, 0.1])
+    # Linear warm-up halves each phase's first step; the SFT rate holds until the warm-start's last
+    # step (2), then RL warms up again from step 3.
+    rates = [scheduled_learning_rate(step, optim, sft_steps=3) for step in range(5)]
+    assert rates == pytest.approx([0.5, 1.0, 1.0, 0.05, 0.1])
     assert scheduled_learning_rate(0, OptimConfig(lr=0.3), sft_steps=2) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_optimizer_state_reset_when_rl_starts(reset):
+    module, dm = make(sft_steps=2)
+    module.phases.reset_optimizer_for_rl = reset
+    adam_steps = []
+
+    class AdamStepSpy(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            state = module.optimizers().optimizer.state[next(module.policy.parameters())]
+            adam_steps.append(int(state["step"]))
+
+    trainer(4, callbacks=[AdamStepSpy()]).fit(module, dm)
+    # AdamW counts its own steps: a reset restarts the count (and the moments) at the first RL step.
+    assert adam_steps == ([1, 2, 1, 2] if reset else [1, 2, 3, 4])

@@ -174,6 +174,12 @@ class ReflectRetryExplorer:
             (``rollout/reflection_outcome_agreement``), and the retry of a trajectory that already
             has the maximum reward can at best tie it, so that half of the budget is better spent on
             failures. This also skips the retries of inefficient successes.
+        refill_groups: where a base trajectory got no retry (its reflection was invalid or said
+            ``success``, the gate above skipped it, or the retry failed to run), sample a fresh
+            trajectory of the task instead, so every group keeps ``group_size`` members and the
+            rollout budget stays that of GRPO. Off in the paper, whose groups shrink. The fresh
+            samples are plain base trajectories (no reflection); ``rollout/refill_rate`` is their
+            share of the group slots.
         step_split: ``auto``: when the suite plays one turn per episode (``max_turns == 1``, single-turn
             reasoning), pivot on reasoning steps — responses are split into lines
             (``rollout.steps.step_lengths``) and the retry continues the message from the first k
@@ -192,6 +198,7 @@ class ReflectRetryExplorer:
         guidance_template: str = "",
         step_split: Literal["auto", "off"] = "auto",
         retry_below_max_reward_only: bool = False,
+        refill_groups: bool = False,
     ) -> None:
         if step_split not in ("auto", "off"):
             raise ValueError(f"step_split must be 'auto' or 'off', got {step_split!r}")
@@ -204,6 +211,7 @@ class ReflectRetryExplorer:
         self.guidance_template = load_template(guidance_template, "guidance.txt")
         self.step_split = step_split
         self.retry_below_max_reward_only = retry_below_max_reward_only
+        self.refill_groups = refill_groups
 
     # ---- prompts ------------------------------------------------------------------------------
     def reflection_prompt(self, trajectory: Trajectory, tokenizer=None) -> str:
@@ -283,6 +291,7 @@ class ReflectRetryExplorer:
                 improved += 1
                 if self.meta_tasks:
                     sft.extend(self.meta_task_samples(base[i], prompts[i], generations[i].token_ids, retry, k))
+        refills = self.refill(loop, tasks, group_size, n_base, distilled_by_base, params, step_level)
         groups = []
         for ti, task in enumerate(tasks):
             members = []
@@ -290,9 +299,34 @@ class ReflectRetryExplorer:
                 members.append(base[i])
                 if i in distilled_by_base:
                     members.append(distilled_by_base[i])
-            groups.append(Group(task.task_id, members, task))
+            groups.append(Group(task.task_id, members + refills[ti], task))
         metrics = self.metrics(base, parsed, retry_of, retries, improved)
+        metrics["rollout/refill_rate"] = sum(len(r) for r in refills) / (len(tasks) * group_size)
         return Exploration(groups=groups, sft=sft, metrics=metrics)
+
+    def refill(
+        self,
+        loop: AgentLoop,
+        tasks: list[Task],
+        group_size: int,
+        n_base: int,
+        distilled_by_base: dict[int, Trajectory],
+        params: SamplingParams,
+        step_level: bool,
+    ) -> list[list[Trajectory]]:
+        """Fresh samples per task for the slots no retry filled (``refill_groups``), in one engine call."""
+        if not self.refill_groups:
+            return [[] for _ in tasks]
+        missing = [
+            group_size - n_base - sum(i in distilled_by_base for i in range(ti * n_base, (ti + 1) * n_base))
+            for ti in range(len(tasks))
+        ]
+        requests = [EpisodeRequest(task=task) for task, count in zip(tasks, missing) for _ in range(count)]
+        fresh = loop.run(requests, params) if requests else []
+        if step_level:
+            fresh = [split_final_turn(t, loop.tokenizer) for t in fresh]
+        starts = [sum(missing[:ti]) for ti in range(len(tasks))]
+        return [fresh[start : start + count] for start, count in zip(starts, missing)]
 
     def reflect(
         self, loop: AgentLoop, trajectories: list[Trajectory], params: SamplingParams, step_level: bool = False

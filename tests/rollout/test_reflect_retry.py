@@ -196,6 +196,24 @@ def test_successes_judged_failures_retry_unless_gated_on_reward(world_suite, wor
     assert gated.metrics["rollout/retry_rate"] == 0.0
 
 
+def test_refill_keeps_group_size_with_fresh_samples_where_no_retry_was_made(world_suite, world_tokenizer):
+    task = world_suite.train_task(0)
+    wrong_verdict = json.dumps({**VALID, "trajectory_outcome": "failure", "retry_from_step": 0})
+    loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, wrong_verdict, world_suite.demonstration(task)), world_tokenizer)
+    # The gate skips both retries (the expert's episodes succeed); refilling samples two fresh ones.
+    out = ReflectRetryExplorer(retry_below_max_reward_only=True, refill_groups=True).explore(
+        [task], loop, group_size=4, params=SamplingParams()
+    )
+    assert [t.origin for t in out.groups[0]] == ["base", "base", "base", "base"]
+    assert all("reflection" in t.info for t in out.groups[0].trajectories[:2])
+    assert not any("reflection" in t.info for t in out.groups[0].trajectories[2:])
+    assert out.metrics["rollout/refill_rate"] == 0.5
+    # With every retry made there is nothing to refill.
+    full = ReflectRetryExplorer(refill_groups=True).explore([task], loop, group_size=4, params=SamplingParams())
+    assert sorted(t.origin for t in full.groups[0]) == ["base", "base", "distilled", "distilled"]
+    assert full.metrics["rollout/refill_rate"] == 0.0
+
+
 def test_wo_reflect_ablation_is_plain_sampling(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
     out = ReflectRetryExplorer(retry=False).explore([world_suite.train_task(0)], loop, 4, SamplingParams(max_new_tokens=6))

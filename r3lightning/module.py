@@ -122,8 +122,8 @@ class PhaseConfig:
         reset_optimizer_for_rl: clear the optimizer's state (AdamW's moments) at the first RL step, as
             a separate SFT-then-RL pipeline would. Cross-entropy gradients are several times larger
             than policy-gradient ones (0.3 vs 0.08-0.15 in the quickstart), and the second moment
-            they leave behind decays over ~1/(1 - beta2) = 1000 steps, silently shrinking RL's
-            learning rate by that factor.
+            they leave behind decays over ~1/(1 - beta2) = 1000 steps: until then every RL update
+            is divided by the SFT gradients' scale, a silent cut of RL's learning rate.
     """
 
     sft_warmup_steps: int = 0

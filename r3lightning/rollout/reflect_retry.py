@@ -325,8 +325,8 @@ class ReflectRetryExplorer:
         fresh = loop.run(requests, params) if requests else []
         if step_level:
             fresh = [split_final_turn(t, loop.tokenizer) for t in fresh]
-        starts = [sum(missing[:ti]) for ti in range(len(tasks))]
-        return [fresh[start : start + count] for start, count in zip(starts, missing)]
+        in_order = iter(fresh)
+        return [[next(in_order) for _ in range(count)] for count in missing]
 
     def reflect(
         self, loop: AgentLoop, trajectories: list[Trajectory], params: SamplingParams, step_level: bool = False

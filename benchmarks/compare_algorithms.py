@@ -67,6 +67,8 @@ def _common(args: argparse.Namespace, seed: int, log_dir: str, name: str, max_st
         "--trainer.max_steps", str(max_steps),
         "--model.phases.sft_warmup_steps", str(args.warmup_steps),
         "--trainer.val_check_interval", str(args.val_every),
+        # The plot shows the warm-start's curve too.
+        "--model.phases.validate_during_sft", "true",
         "--trainer.enable_progress_bar", "false",
         "--trainer.logger.init_args.save_dir", log_dir,
         "--trainer.logger.init_args.name", name,

@@ -43,7 +43,7 @@ class PhaseReport(L.Callback):
         return {name: self.rollout_sums[name] / self.rollout_steps[name] for name in self.rollout_sums}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or getattr(pl_module, "skips_validation", False):
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         warmup_steps = getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0)

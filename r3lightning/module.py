@@ -124,10 +124,15 @@ class PhaseConfig:
             than policy-gradient ones (0.3 vs 0.08-0.15 in the quickstart), and the second moment
             they leave behind decays over ~1/(1 - beta2) = 1000 steps: until then every RL update
             is divided by the SFT gradients' scale, a silent cut of RL's learning rate.
+        validate_during_sft: run the trainer's periodic validations during the warm-start too. Off,
+            validations before step ``sft_warmup_steps`` are skipped, so the first one measures the
+            finished warm-start (make ``sft_warmup_steps`` a multiple of ``trainer.val_check_interval``).
+            Validation forks the CPU random stream, so on CPU skipping it leaves training unchanged.
     """
 
     sft_warmup_steps: int = 0
     reset_optimizer_for_rl: bool = True
+    validate_during_sft: bool = True
 
 
 def scheduled_learning_rate(step: int, optim: OptimConfig, sft_steps: int) -> float:
@@ -530,7 +535,14 @@ class R3LightningModule(L.LightningModule):
         return stats
 
     # ---- validation ---------------------------------------------------------------------------
+    @property
+    def skips_validation(self) -> bool:
+        """Whether this validation falls in the warm-start and ``phases.validate_during_sft`` is off."""
+        return not self.phases.validate_during_sft and self.global_step < self.phases.sft_warmup_steps
+
     def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        if self.skips_validation:
+            return
         dm = self.datamodule
         greedy = dm.evaluate(batch.tasks, self.engine, self.tokenizer, greedy=True)
         sampled = dm.evaluate(batch.tasks, self.engine, self.tokenizer, greedy=False)
@@ -540,6 +552,8 @@ class R3LightningModule(L.LightningModule):
         self.val_metrics["reward_mean"].update(sum(t.reward for t in sampled) / n, weight=n)
 
     def on_validation_epoch_end(self) -> None:
+        if self.skips_validation:
+            return
         for name, metric in self.val_metrics.items():
             self.log(f"val/{name}", metric.compute(), prog_bar=name == "success_rate_greedy")
             metric.reset()

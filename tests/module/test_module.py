@@ -189,3 +189,23 @@ def test_optimizer_state_reset_when_rl_starts(reset):
     trainer(4, callbacks=[AdamStepSpy()]).fit(module, dm)
     # AdamW counts its own steps: a reset restarts the count (and the moments) at the first RL step.
     assert adam_steps == ([1, 2, 1, 2] if reset else [1, 2, 3, 4])
+
+
+def test_validations_during_sft_skipped_without_changing_training():
+    from callbacks.phase_report import PhaseReport
+
+    runs = {}
+    for validate_during_sft in (True, False):
+        module, dm = make(sft_steps=2)
+        module.phases.validate_during_sft = validate_during_sft
+        report = PhaseReport()
+        L.Trainer(
+            max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=1,
+            check_val_every_n_epoch=None, limit_val_batches=1, callbacks=[report],
+        ).fit(module, dm)
+        runs[validate_during_sft] = ([r["step"] for r in report.records], WeightWatcher.fingerprint(module))
+    assert runs[True][0] == [1, 2, 3]
+    # The first validation kept is the one at the step RL begins: the finished warm-start.
+    assert runs[False][0] == [2, 3]
+    assert runs[False][1] == runs[True][1]

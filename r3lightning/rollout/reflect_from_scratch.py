@@ -77,7 +77,7 @@ class ReflectFromScratchExplorer(ReflectRetryExplorer):
         n_base = max(1, group_size // 2)
         base = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(n_base)], params)
         reflected = [i for i, traj in enumerate(base) if failed(traj, self.max_reward)]
-        _, _, parsed = self.reflect(loop, [base[i] for i in reflected], params)
+        _, _, parsed = self.reflect(loop, [base[i] for i in reflected], [tasks[i // n_base] for i in reflected], params)
         valid = [(i, reflection) for i, (reflection, _) in zip(reflected, parsed) if reflection is not None]
         retry_of = [i for i, _ in valid]
         requests = [EpisodeRequest(task=tasks[i // n_base], guidance=self.guidance(r)) for i, r in valid]

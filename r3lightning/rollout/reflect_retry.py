@@ -180,6 +180,13 @@ class ReflectRetryExplorer:
             rollout budget stays that of GRPO. Off in the paper, whose groups shrink. The fresh
             samples are plain base trajectories (no reflection); ``rollout/refill_rate`` is their
             share of the group slots.
+        reflector: who writes the reflections. ``policy`` (the paper): the policy itself, in one
+            batched generation. ``suite``: the suite's scripted diagnostician (``TaskSuite.diagnose``),
+            which knows the optimal plan: a privileged reflector that isolates the retry mechanism
+            (pivot, guidance, distillation, pivotal credit) from the quality of the policy's own
+            reflections, the stand-in for a stronger reflector model at CPU scale. With
+            ``meta_tasks``, the reflect samples then teach the policy the diagnostician's reflections
+            on its own episodes. Needs a suite with a diagnostician (the procedural world).
         step_split: ``auto``: when the suite plays one turn per episode (``max_turns == 1``, single-turn
             reasoning), pivot on reasoning steps — responses are split into lines
             (``rollout.steps.step_lengths``) and the retry continues the message from the first k
@@ -199,9 +206,12 @@ class ReflectRetryExplorer:
         step_split: Literal["auto", "off"] = "auto",
         retry_below_max_reward_only: bool = False,
         refill_groups: bool = False,
+        reflector: Literal["policy", "suite"] = "policy",
     ) -> None:
         if step_split not in ("auto", "off"):
             raise ValueError(f"step_split must be 'auto' or 'off', got {step_split!r}")
+        if reflector not in ("policy", "suite"):
+            raise ValueError(f"reflector must be 'policy' or 'suite', got {reflector!r}")
         self.retry = retry
         self.reflection_temperature = reflection_temperature
         self.max_reflection_tokens = max_reflection_tokens
@@ -212,6 +222,7 @@ class ReflectRetryExplorer:
         self.step_split = step_split
         self.retry_below_max_reward_only = retry_below_max_reward_only
         self.refill_groups = refill_groups
+        self.reflector = reflector
 
     # ---- prompts ------------------------------------------------------------------------------
     def reflection_prompt(self, trajectory: Trajectory, tokenizer=None) -> str:
@@ -259,7 +270,8 @@ class ReflectRetryExplorer:
         step_level = self.step_level(loop)
         if step_level:
             base = [split_final_turn(t, loop.tokenizer) for t in base]
-        prompts, generations, parsed = self.reflect(loop, base, params, step_level)
+        base_tasks = [t for t in tasks for _ in range(n_base)]
+        prompts, reflection_ids, parsed = self.reflect(loop, base, base_tasks, params, step_level)
         retry_of: list[int] = []
         requests = []
         for i, (traj, (reflection, _)) in enumerate(zip(base, parsed)):
@@ -290,7 +302,7 @@ class ReflectRetryExplorer:
             if retry_is_better(base[i], retry, self.max_reward):
                 improved += 1
                 if self.meta_tasks:
-                    sft.extend(self.meta_task_samples(base[i], prompts[i], generations[i].token_ids, retry, k))
+                    sft.extend(self.meta_task_samples(base[i], prompts[i], reflection_ids[i], retry, k))
         refills = self.refill(loop, tasks, group_size, n_base, distilled_by_base, params, step_level)
         groups = []
         for ti, task in enumerate(tasks):
@@ -329,26 +341,42 @@ class ReflectRetryExplorer:
         return [[next(in_order) for _ in range(count)] for count in missing]
 
     def reflect(
-        self, loop: AgentLoop, trajectories: list[Trajectory], params: SamplingParams, step_level: bool = False
-    ) -> tuple[list[list[int]], list[Generation], list[tuple[Optional[Reflection], str]]]:
-        """The policy's reflection on each trajectory, in one batched engine call at
-        ``reflection_temperature`` (and the rollout's top-p): prompt tokens, generations and the parsed
-        reflections (``parse_reflection``'s pairs). ``step_level``: the trajectories are split into
-        step turns, which the transcripts number and ``retry_from_step`` indexes. Each trajectory's
-        ``info`` gets the reflection text and the parse error ("" when valid)."""
-        reflect_params = SamplingParams(
-            temperature=self.reflection_temperature, top_p=params.top_p, max_new_tokens=self.max_reflection_tokens
-        )
+        self,
+        loop: AgentLoop,
+        trajectories: list[Trajectory],
+        tasks: list[Task],
+        params: SamplingParams,
+        step_level: bool = False,
+    ) -> tuple[list[list[int]], list[list[int]], list[tuple[Optional[Reflection], str]]]:
+        """A reflection on each trajectory (of the matching task in ``tasks``): the reflection prompts'
+        tokens, the reflections' tokens and the parsed reflections (``parse_reflection``'s pairs).
+
+        The ``policy`` reflector answers all prompts in one batched engine call at
+        ``reflection_temperature`` (and the rollout's top-p); the ``suite`` reflector asks the
+        suite's diagnostician. ``step_level``: the trajectories are split into step turns, which the
+        transcripts number and ``retry_from_step`` indexes. Each trajectory's ``info`` gets the
+        reflection text and the parse error ("" when valid)."""
         tokenizer = loop.tokenizer if step_level else None
         messages = [self.reflection_prompt(t, tokenizer) for t in trajectories]
-        prompts, generations = ask_policy(loop, messages, reflect_params)
-        texts = [loop.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
+        if self.reflector == "suite":
+            chat = ChatFormatter(loop.tokenizer, system_prompt=None)
+            prompts = [chat.first_prompt(message) for message in messages]
+            texts = scripted_reflections(loop.suite, trajectories, tasks)
+            eos = [loop.tokenizer.eos_token_id]
+            answers = [loop.tokenizer(text, add_special_tokens=False)["input_ids"] + eos for text in texts]
+        else:
+            reflect_params = SamplingParams(
+                temperature=self.reflection_temperature, top_p=params.top_p, max_new_tokens=self.max_reflection_tokens
+            )
+            prompts, generations = ask_policy(loop, messages, reflect_params)
+            answers = [g.token_ids for g in generations]
+            texts = [loop.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
         parsed = [parse_reflection(text, len(t.turns)) for text, t in zip(texts, trajectories)]
         for trajectory, text, (_, error) in zip(trajectories, texts, parsed):
-            # Kept on the trajectory so rollout sample logs show what the policy wrote and why it failed.
+            # Kept on the trajectory so rollout sample logs show what was written and why it failed.
             trajectory.info["reflection"] = text
             trajectory.info["reflection_error"] = error
-        return prompts, generations, parsed
+        return prompts, answers, parsed
 
     def meta_task_samples(
         self, base: Trajectory, reflect_prompt: list[int], reflection_ids: list[int], retry: Trajectory, pivot: int
@@ -382,6 +410,20 @@ class ReflectRetryExplorer:
             "rollout/pivot_position": sum(positions) / len(positions) if positions else 0.0,
             "rollout/retry_tokens_saved": float(saved),
         }
+
+
+def scripted_reflections(suite, trajectories: list[Trajectory], tasks: list[Task]) -> list[str]:
+    """The suite diagnostician's reflection (JSON text) on each played trajectory of the matching task."""
+    texts = []
+    for trajectory, task in zip(trajectories, tasks):
+        diagnosis = suite.diagnose(task, trajectory.actions, [turn.feedback for turn in trajectory.turns])
+        if diagnosis is None:
+            raise ValueError(
+                f"reflector 'suite': {type(suite).__name__} has no diagnostician (diagnose returned None for "
+                f"task {task.task_id!r}); use reflector 'policy'"
+            )
+        texts.append(json.dumps(diagnosis))
+    return texts
 
 
 def scripted_reflection_samples(

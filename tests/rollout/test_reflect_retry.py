@@ -183,6 +183,34 @@ class ExpertEngine(ScriptedReflectionEngine):
         return self.reflection if "Review this attempt" in text else expert_action(self.plan, text)
 
 
+def test_suite_reflector_uses_the_diagnostician_and_teaches_its_reflections(world_suite, world_tokenizer):
+    for index in range(3):
+        task = world_suite.train_task(index)
+        plan = world_suite.demonstration(task)
+
+        class FirstStepThenLook(ScriptedReflectionEngine):
+            """Plays the expert's first action, then "look"; under guidance it follows the expert."""
+
+            def reply(self, text):
+                assert "Review this attempt" not in text, "the policy must not be asked to reflect"
+                if "Suggestion:" in text or f"<action>{plan[0]}</action>" not in text:
+                    return expert_action(plan, text)
+                return "<action>look</action>"
+
+        loop = AgentLoop(world_suite, FirstStepThenLook(world_tokenizer, ""), world_tokenizer)
+        out = ReflectRetryExplorer(reflector="suite").explore([task], loop, group_size=2, params=SamplingParams())
+        base, distilled = out.groups[0].trajectories
+        diagnosis = world_suite.diagnose(task, base.actions, [t.feedback for t in base.turns])
+        assert json.loads(base.info["reflection"]) == diagnosis and base.info["reflection_error"] == ""
+        assert base.pivot == distilled.pivot == diagnosis["retry_from_step"] == 1
+        assert distilled.success and not base.success
+        assert out.metrics["rollout/retry_improvement_rate"] == 1.0
+        # The retry improved, so a reflect sample teaches the diagnostician's reflection on this episode.
+        reflect = [s for s in out.sft if s.origin == "reflect_sft"]
+        assert len(reflect) == 1
+        assert world_tokenizer.decode(reflect[0].turns[0].response_ids, skip_special_tokens=True) == json.dumps(diagnosis)
+
+
 def test_successes_judged_failures_retry_unless_gated_on_reward(world_suite, world_tokenizer):
     task = world_suite.train_task(0)
     wrong_verdict = json.dumps({**VALID, "trajectory_outcome": "failure", "retry_from_step": 0})

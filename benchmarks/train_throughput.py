@@ -8,8 +8,8 @@ this benchmark: the subclass below only replaces ``training_step``'s rollout wit
 ``plain``: the same objective written the way one would in a bare PyTorch script: forward, log-probs
 with ``cross_entropy``, PPO-clip surrogate, token-mean over the batch's loss tokens, backward per
 micro-batch, global-norm clipping, ``AdamW.step()``. Same architecture and initial weights, same
-tokens, same micro-batches (rows ``i*m ... i*m+m-1``, each trimmed to its longest row), same
-optimizer settings.
+tokens, same micro-batches (``ExperienceBatch.micro_batches``: rows ordered longest first, each
+micro-batch trimmed to its longest row), same optimizer settings.
 
 Both run inside the same training steps, in alternating order, so machine noise hits both alike.
 Wall-clock figures are what the design asks for; on a shared CPU box they are noisy, so the same

@@ -125,9 +125,14 @@ def ask_policy(loop: AgentLoop, messages: list[str], params: SamplingParams) -> 
     """Each message as the only user turn of a fresh conversation without system prompt, answered in
     one batched engine call: (prompt tokens, generations). Reflections and critiques are asked this
     way, outside any episode."""
-    chat = ChatFormatter(loop.tokenizer, system_prompt=None)
-    prompts = [chat.first_prompt(message) for message in messages]
+    prompts = standalone_prompts(loop, messages)
     return prompts, (loop.engine.generate(prompts, params) if prompts else [])
+
+
+def standalone_prompts(loop: AgentLoop, messages: list[str]) -> list[list[int]]:
+    """Each message as the only user turn of a fresh conversation without system prompt, as tokens."""
+    chat = ChatFormatter(loop.tokenizer, system_prompt=None)
+    return [chat.first_prompt(message) for message in messages]
 
 
 def outcome_text(trajectory: Trajectory) -> str:
@@ -359,8 +364,7 @@ class ReflectRetryExplorer:
         tokenizer = loop.tokenizer if step_level else None
         messages = [self.reflection_prompt(t, tokenizer) for t in trajectories]
         if self.reflector == "suite":
-            chat = ChatFormatter(loop.tokenizer, system_prompt=None)
-            prompts = [chat.first_prompt(message) for message in messages]
+            prompts = standalone_prompts(loop, messages)
             texts = scripted_reflections(loop.suite, trajectories, tasks)
             eos = [loop.tokenizer.eos_token_id]
             answers = [loop.tokenizer(text, add_special_tokens=False)["input_ids"] + eos for text in texts]

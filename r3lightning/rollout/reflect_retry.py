@@ -135,6 +135,14 @@ def standalone_prompts(loop: AgentLoop, messages: list[str]) -> list[list[int]]:
     return [chat.first_prompt(message) for message in messages]
 
 
+def target_tokens(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Texts written for the policy (scripted reflections) as its answers: tokens, then end of turn."""
+    if not texts:
+        return []
+    eos = tokenizer.eos_token_id
+    return [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
 def outcome_text(trajectory: Trajectory) -> str:
     state = "succeeded" if trajectory.success else "failed"
     return f"{state} after {len(trajectory.turns)} steps with reward {trajectory.reward:g}"
@@ -366,8 +374,7 @@ class ReflectRetryExplorer:
         if self.reflector == "suite":
             prompts = standalone_prompts(loop, messages)
             texts = scripted_reflections(loop.suite, trajectories, tasks)
-            eos = [loop.tokenizer.eos_token_id]
-            answers = [loop.tokenizer(text, add_special_tokens=False)["input_ids"] + eos for text in texts]
+            answers = target_tokens(loop.tokenizer, texts)
         else:
             reflect_params = SamplingParams(
                 temperature=self.reflection_temperature, top_p=params.top_p, max_new_tokens=self.max_reflection_tokens
@@ -454,7 +461,6 @@ def scripted_reflection_samples(
             actions += _random_actions(suite, task, actions, len(plan) + 2, rng)
         flawed_actions.append(actions)
     flawed = loop.play_actions([EpisodeRequest(task=t) for t in tasks], flawed_actions, allow_unfinished=True)
-    chat = ChatFormatter(loop.tokenizer, system_prompt=None)
     retry_requests, retry_actions = [], []
     for task, traj in zip(tasks, flawed):
         diagnosis = suite.diagnose(task, traj.actions, [t.feedback for t in traj.turns])
@@ -462,8 +468,8 @@ def scripted_reflection_samples(
             continue
         k = min(int(diagnosis["retry_from_step"]), len(traj.turns) - 1)
         diagnosis = {**diagnosis, "retry_from_step": k}
-        prompt = chat.first_prompt(explorer.reflection_prompt(traj))
-        answer = loop.tokenizer(json.dumps(diagnosis), add_special_tokens=False)["input_ids"] + [loop.tokenizer.eos_token_id]
+        [prompt] = standalone_prompts(loop, [explorer.reflection_prompt(traj)])
+        [answer] = target_tokens(loop.tokenizer, [json.dumps(diagnosis)])
         samples.append(Trajectory(task.task_id, [Turn(context_ids=prompt, response_ids=answer)], 1.0, True, origin="reflect_sft"))
         continuation = suite.expert_continuation(task, traj.actions[:k])
         if diagnosis["trajectory_outcome"] != "success" and continuation:

@@ -162,6 +162,9 @@ def main() -> None:
                              "seeds then vary only the RL phase (sampling, task order stays the recipe's)")
     parser.add_argument("--reuse_warmstart", action="store_true",
                         help="use warm-start checkpoints already in the log directory instead of training them")
+    parser.add_argument("--reuse_results", default=None,
+                        help="an earlier result JSON of this benchmark: its runs of the requested methods and seeds "
+                             "are taken as they are (its schedule must match this one), only the others are run")
     parser.add_argument("--workers", type=int, default=1, help="RL runs in parallel (separate processes)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per RL run (0: torch's default)")
     args = parser.parse_args()
@@ -176,7 +179,10 @@ def main() -> None:
             checkpoints[seed], warm[str(seed)] = checkpoints[args.seeds[0]], warm[str(args.seeds[0])]
         else:
             checkpoints[seed], warm[str(seed)] = warm_start(seed, args, log_dir)
-    jobs = [(method, seed) for seed in args.seeds for method in args.methods]
+    if args.reuse_results:
+        for method, runs in reusable_runs(args.reuse_results, args).items():
+            results[method].update(runs)
+    jobs = [(method, seed) for seed in args.seeds for method in args.methods if str(seed) not in results[method]]
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(run_method, m, s, checkpoints[s], args, log_dir): (m, s) for m, s in jobs}
         for future in as_completed(futures):
@@ -205,6 +211,27 @@ def main() -> None:
         json.dump(record, handle, indent=2)
     plot(results, os.path.splitext(args.out)[0] + ".png")
     print(json.dumps(figures, indent=2))
+
+
+# What makes two comparisons' runs interchangeable: the same warm-start and the same RL schedule.
+SCHEDULE_KEYS = ("recipe", "warmup_steps", "rl_steps", "val_every", "alpha", "shared_warmstart")
+
+
+def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, dict]]:
+    """The runs of ``args.methods`` x ``args.seeds`` already in the result JSON at ``path``.
+
+    Raises ValueError, naming the file and the setting, when its schedule differs from ``args``'s.
+    """
+    previous = json.loads(Path(path).read_text())
+    for key in SCHEDULE_KEYS:
+        if previous["config"].get(key) != getattr(args, key):
+            raise ValueError(f"{path}: its runs used {key}={previous['config'].get(key)!r}, this comparison "
+                             f"{key}={getattr(args, key)!r}; they cannot be mixed")
+    return {
+        method: {str(seed): previous["per_seed"][method][str(seed)]
+                 for seed in args.seeds if str(seed) in previous["per_seed"].get(method, {})}
+        for method in args.methods
+    }
 
 
 def recipe_defaults(args: argparse.Namespace) -> None:

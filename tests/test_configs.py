@@ -319,3 +319,27 @@ def test_comparison_arms_parse_on_the_quickstart_with_its_alpha(cli, monkeypatch
         if algorithm.positive_amplification:
             assert algorithm.alpha == args.alpha, method
         assert algorithm.pivotal_credit == (method not in ("grpo", "r3l_wo_credit")), method
+
+
+def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
+    """compare_algorithms --reuse_results: runs of the requested methods and seeds are taken from an
+    earlier JSON with the same schedule; a different schedule is refused, naming the file and setting."""
+    import argparse
+    import importlib.util
+    import json
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("compare_algorithms", ROOT / "benchmarks" / "compare_algorithms.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    schedule = {"recipe": "configs/quickstart.yaml", "warmup_steps": 210, "rl_steps": 30, "val_every": 30,
+                "alpha": 3.0, "shared_warmstart": True}
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps({"config": {**schedule, "workers": 2},
+                                    "per_seed": {"grpo": {"0": {"final_greedy": 0.25}, "1": {"final_greedy": 0.5}}}}))
+    args = argparse.Namespace(**schedule, methods=["grpo", "r3l_wo_credit"], seeds=[1, 2])
+    assert compare.reusable_runs(str(previous), args) == {"grpo": {"1": {"final_greedy": 0.5}}, "r3l_wo_credit": {}}
+    args.rl_steps = 40
+    with pytest.raises(ValueError, match=r"previous\.json: its runs used rl_steps=30"):
+        compare.reusable_runs(str(previous), args)

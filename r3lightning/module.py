@@ -466,6 +466,18 @@ class R3LightningModule(L.LightningModule):
                 out["ratio_max"] = (result.ratio * m).max().detach() if m.any() else zero.detach()
                 out["clip_count"] = (result.clipped & m).sum().detach().float()
                 out["ratio_count"] = m.sum().detach().float()
+            with torch.no_grad():
+                # log pi_theta - log pi_behaviour per origin: ~0 for fresh samples (engine and trainer agree),
+                # the context-distillation gap for distilled rows (sampled with guidance, scored without).
+                logratio = logp - micro.old_logprobs[:, 1:]
+                scored = mask.bool() & torch.isfinite(logratio)
+                logratio = torch.where(scored, logratio, 0.0)
+                for origin in sorted(set(micro.origins)):
+                    rows = torch.tensor([o == origin for o in micro.origins], device=logp.device)
+                    count = scored[rows].sum()
+                    if count > 0:
+                        out[f"logratio_sum/{origin}"] = logratio[rows].sum()
+                        out[f"logratio_count/{origin}"] = count.float()
             if cfg.kl_coef > 0 and micro.ref_logprobs is not None:
                 kl = algos.kl_estimate(logp, micro.ref_logprobs[:, 1:], cfg.kl_estimator)
                 out["loss_kl"] = cfg.kl_coef * algos.aggregate(kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"])
@@ -513,6 +525,10 @@ class R3LightningModule(L.LightningModule):
         rl_tokens = float(self.last_experience.loss_mask[:, 1:].sum()) if self.last_experience is not None else 0.0
         if "kl_ref_sum" in sums:
             stats["train/kl_ref"] = sums["kl_ref_sum"] / max(rl_tokens, 1.0)
+        for name in sums:
+            if name.startswith("logratio_sum/"):
+                origin = name.split("/", 1)[1]
+                stats[f"train/logratio_{origin}"] = sums[name] / sums[f"logratio_count/{origin}"]
         if "ratio_sum" in sums:
             # Over the tokens that have a ratio: off-policy refinements have none.
             stats["train/ratio_mean"] = sums["ratio_sum"] / max(sums["ratio_count"], 1.0)

@@ -209,3 +209,14 @@ def test_validations_during_sft_skipped_without_changing_training():
     # The first validation kept is the one at the step RL begins: the finished warm-start.
     assert runs[False][0] == [2, 3]
     assert runs[False][1] == runs[True][1]
+
+
+def test_logratio_per_origin_is_zero_for_fresh_samples():
+    """train/logratio_<origin>: the trainer's log-probs of freshly sampled tokens, before the update,
+    equal the engine's, so the gap it reports for distilled rows is the context's, not numerics'."""
+    module, dm = make(algorithm=AlgorithmConfig(policy_loss="pg"))
+    t = trainer(1)
+    t.fit(module, dm)
+    assert set(module.last_experience.origins) == {"base"}
+    assert abs(float(t.callback_metrics["train/logratio_base"])) < 1e-4
+    assert not any(tag.startswith("train/logratio_") and tag != "train/logratio_base" for tag in t.callback_metrics)

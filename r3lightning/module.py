@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import lightning as L
+from lightning.pytorch.strategies import FSDPStrategy
 import torch
 from torchmetrics import MeanMetric
 
@@ -55,7 +56,8 @@ class AlgorithmConfig:
         policy_loss: pg (no ratio) | ppo_clip | gspo.
         clip_eps_low: lower clip range of the ratio.
         clip_eps_high: upper clip range of the ratio (> low is DAPO's clip-higher).
-        kl_coef: weight of the KL penalty to the frozen reference (0 disables the reference model).
+        kl_coef: weight of the KL penalty to the frozen reference: the policy as RL starts (after the
+            SFT warm-start, if any). 0 disables the reference model.
         kl_estimator: k1 | k2 | k3.
         aggregation: token_mean | seq_mean_token_mean | seq_mean_token_sum.
         sft_weight: weight of the SFT head's NLL (meta-tasks, demonstrations, GNT reflections).
@@ -377,8 +379,10 @@ class R3LightningModule(L.LightningModule):
         """Micro-batched update over ``experience``; returns the step's training metrics."""
         cfg = self.algorithm
         optimizer = self.optimizers()
-        if self.phases.reset_optimizer_for_rl and 0 < self.phases.sft_warmup_steps == self.global_step:
-            optimizer.optimizer.state.clear()
+        if 0 < self.phases.sft_warmup_steps == self.global_step:
+            if self.phases.reset_optimizer_for_rl:
+                optimizer.optimizer.state.clear()
+            self._anchor_reference_to_policy()
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate()
         micro_batches = experience.micro_batches(self.optim_config.micro_batch_size)
@@ -407,6 +411,20 @@ class R3LightningModule(L.LightningModule):
             self._sum_gradients_over_ranks()
             stats = self._finish_update(optimizer, sums)
         return stats
+
+    def _anchor_reference_to_policy(self) -> None:
+        """Make the KL reference the warm-started policy at the first RL step. RLHF's convention is a KL
+        to the SFT model; the weights from before the warm-start (random, for a tiny model) are no anchor.
+        With LoRA the reference stays the base model with adapters disabled."""
+        if self.reference is None:
+            return
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            raise ValueError(
+                "kl_coef > 0 with sft_warmup_steps > 0 under FSDP: the reference cannot be re-anchored to the "
+                "sharded warm-started policy; run the warm-start separately and start RL from its checkpoint "
+                "with sft_warmup_steps: 0"
+            )
+        self.reference.load_state_dict(self.policy.state_dict())
 
     def _sums_gradients_itself(self) -> bool:
         return self._trainer is not None and isinstance(self.trainer.model, torch.nn.parallel.DistributedDataParallel)
@@ -599,6 +617,21 @@ class R3LightningModule(L.LightningModule):
             k for k, v in checkpoint["state_dict"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)
         ]
         missing = [k for k in own if k not in checkpoint["state_dict"] and not k.startswith("val_metrics")]
+        no_reference = [k for k in missing if k.startswith("reference.")]
+        if no_reference:
+            warm_up = self.phases.sft_warmup_steps
+            if 0 < warm_up < checkpoint.get("global_step", 0):
+                raise ValueError(
+                    f"checkpoint: it has no reference model (trained with kl_coef 0) and is past the warm-start "
+                    f"(step {checkpoint['global_step']} > sft_warmup_steps {warm_up}), so the warm-started policy "
+                    "the KL should anchor to is not in it. Resume with kl_coef: 0, or from a checkpoint saved "
+                    f"by step {warm_up}."
+                )
+            # Before the first RL step the reference is either the initial model (rebuilt identically by
+            # configure_model) or about to be anchored to the warm-started policy: this run's own will do.
+            for key in no_reference:
+                checkpoint["state_dict"][key] = own[key]
+            missing = [k for k in missing if not k.startswith("reference.")]
         if mismatched or missing:
             example = (mismatched or missing)[0]
             raise ValueError(

@@ -220,3 +220,42 @@ def test_logratio_per_origin_is_zero_for_fresh_samples():
     assert set(module.last_experience.origins) == {"base"}
     assert abs(float(t.callback_metrics["train/logratio_base"])) < 1e-4
     assert not any(tag.startswith("train/logratio_") and tag != "train/logratio_base" for tag in t.callback_metrics)
+
+
+def _fingerprint(model):
+    return sum(float(p.detach().double().sum()) for p in model.parameters())
+
+
+def test_kl_reference_is_the_warm_started_policy():
+    """With an SFT warm-start, the KL anchors to the policy the warm-start produced (the RLHF
+    convention), not to the weights before it: the reference is snapshotted at the first RL step."""
+    module, dm = make(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
+    watcher = WeightWatcher()
+    trainer(2, callbacks=[watcher]).fit(module, dm)
+    untrained = build_tiny_model(SPEC, module.tokenizer, seed=0)
+    assert _fingerprint(module.reference) == watcher.after_update[1] != _fingerprint(untrained)
+    # A copy, not the policy itself: later updates must leave it where it is.
+    assert all(r.data_ptr() != p.data_ptr() for r, p in zip(module.reference.parameters(), module.policy.parameters()))
+
+
+def test_kl_run_resumes_from_a_warm_start_without_reference(tmp_path):
+    """A warm-start checkpoint trained without KL resumes into an RL run with KL (its reference is
+    taken at the first RL step); past the warm-start, a checkpoint without reference is refused."""
+    module, dm = make(sft_steps=1)
+    first = trainer(1)
+    first.fit(module, dm)
+    warm_start = tmp_path / "warm.ckpt"
+    first.save_checkpoint(warm_start)
+    after_sft = _fingerprint(module.policy)
+    resumed, dm = make(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
+    trainer(2).fit(resumed, dm, ckpt_path=warm_start)
+    assert _fingerprint(resumed.reference) == pytest.approx(after_sft, abs=0.0)
+
+    rl_checkpoint = tmp_path / "rl.ckpt"
+    second = trainer(2)
+    module, dm = make(sft_steps=1)
+    second.fit(module, dm)
+    second.save_checkpoint(rl_checkpoint)
+    refused, dm = make(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
+    with pytest.raises(ValueError, match="no reference model.*past the warm-start"):
+        trainer(3).fit(refused, dm, ckpt_path=rl_checkpoint)

@@ -162,9 +162,9 @@ def main() -> None:
                              "seeds then vary only the RL phase (sampling, task order stays the recipe's)")
     parser.add_argument("--reuse_warmstart", action="store_true",
                         help="use warm-start checkpoints already in the log directory instead of training them")
-    parser.add_argument("--reuse_results", default=None,
-                        help="an earlier result JSON of this benchmark: its runs of the requested methods and seeds "
-                             "are taken as they are (its schedule must match this one), only the others are run")
+    parser.add_argument("--reuse_results", nargs="+", default=[],
+                        help="earlier result JSONs of this benchmark: their runs of the requested methods and seeds "
+                             "are taken as they are (their schedule must match this one), only the others are run")
     parser.add_argument("--workers", type=int, default=1, help="RL runs in parallel (separate processes)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per RL run (0: torch's default)")
     args = parser.parse_args()
@@ -179,8 +179,8 @@ def main() -> None:
             checkpoints[seed], warm[str(seed)] = checkpoints[args.seeds[0]], warm[str(args.seeds[0])]
         else:
             checkpoints[seed], warm[str(seed)] = warm_start(seed, args, log_dir)
-    if args.reuse_results:
-        for method, runs in reusable_runs(args.reuse_results, args).items():
+    for path in args.reuse_results:
+        for method, runs in reusable_runs(path, args).items():
             results[method].update(runs)
     jobs = [(method, seed) for seed in args.seeds for method in args.methods if str(seed) not in results[method]]
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:

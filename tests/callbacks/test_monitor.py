@@ -6,13 +6,18 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from digit_suite import DigitSuite
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor, pick_samples
 from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import ModelConfig, TinyModelSpec
-from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
+from r3lightning.module import (
+    AlgorithmConfig,
+    OptimConfig,
+    PhaseConfig,
+    R3LightningModule,
+)
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.types import Trajectory, Turn
@@ -55,8 +60,9 @@ class Expected(L.Callback):
 
 
 def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
+    # Digit rewards are mixed from the start, so the first RL update moves the policy off the reference.
     dm = RolloutDataModule(
-        MathSuite(source="arithmetic", num_val_tasks=4, instruction=""),
+        DigitSuite(),
         group_size=4,
         tasks_per_step=2,
         sampling=SamplingParams(max_new_tokens=6),
@@ -83,8 +89,10 @@ def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
         assert row["got_k3"] == pytest.approx(row["k3"], rel=1e-4, abs=1e-6)
         assert row["got_k3"] >= 0.0 and row["step_s"] > 0.0
         assert row["got_tokens"] == row["tokens"] > 0
-    # The SFT step moved the policy away from the reference (the initial weights).
-    assert expected.rows[1]["got_k3"] > 1e-4
+    # The reference is the warm-started policy, taken at the first RL step (rolled out by that very
+    # policy: no KL yet); the RL update of that step moved the policy away from it.
+    assert expected.rows[1]["got_k1"] == pytest.approx(0.0, abs=1e-6) and expected.rows[1]["got_k3"] == pytest.approx(0.0, abs=1e-6)
+    assert expected.rows[2]["got_k3"] > 1e-4
 
     scalars, tensors = event_scalars_and_texts(logger.log_dir)
     for tag in ("train/kl_k1", "train/kl_k3", "train/kl_ref", "sync/weight_version", "time/step_s", "train/rl_tokens_all_ranks", "reward/mean"):
@@ -95,7 +103,7 @@ def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
     rows = [json.loads(line) for line in open(f"{logger.log_dir}/rollout_samples.jsonl")]
     assert [r["step"] for r in rows] == [1, 1, 2, 2, 2]  # the first step (2 demos), then every 2nd
     for row in rows:
-        assert row["origin"] == ("demo" if row["step"] == 1 else "base") and row["turns"] and "Compute" in row["turns"][0]["context"]
+        assert row["origin"] == ("demo" if row["step"] == 1 else "base") and row["turns"] and "Say a number" in row["turns"][0]["context"]
         assert row["turns"][0]["context"].startswith("<|im_start|>system")
         assert set(row) >= {"task_id", "reward", "success", "truncated", "pivot", "info", "model_version"}
         assert row["info"]["end_reason"] in ("done", "length", "context_limit")

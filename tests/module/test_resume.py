@@ -5,47 +5,24 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from digit_suite import DigitSuite
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from callbacks.health import HealthWatchdog
 from callbacks.monitor import TrainingDynamicsMonitor
 from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.models import ModelConfig, TinyModelSpec
-from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
+from r3lightning.module import (
+    AlgorithmConfig,
+    OptimConfig,
+    PhaseConfig,
+    R3LightningModule,
+)
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.engine import SamplingParams
 
 SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 N = 2
-
-
-class DigitEnv:
-    """Reward 1 when the response contains a digit: a random tiny policy gets mixed rewards, so every
-    RL step has a real learning signal (arithmetic would give all-zero rewards before much training)."""
-
-    def reset(self, task):
-        return task.prompt
-
-    def step(self, action):
-        success = any(c.isdigit() for c in action)
-        return StepResult("", float(success), True, {"feedback": "", "success": success})
-
-
-class DigitSuite(TaskSuite):
-    system_prompt, max_turns = "Answer with a number.", 1
-
-    def make_env(self):
-        return DigitEnv()
-
-    def train_task(self, index):
-        return Task(f"digit#{index}", f"Say a number above {index % 7}.", answer=str(index % 7 + 1))
-
-    def val_tasks(self):
-        return [self.train_task(0)]
-
-    def demonstration(self, task):
-        return [task.answer]
 
 
 def make(spec=SPEC):

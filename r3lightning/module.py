@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import lightning as L
-from lightning.pytorch.strategies import FSDPStrategy
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 from torchmetrics import MeanMetric
 
 from r3lightning import algos

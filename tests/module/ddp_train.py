@@ -18,14 +18,20 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import lightning as L  # noqa: E402
+from digit_suite import DigitSuite  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from callbacks.health import HealthWatchdog  # noqa: E402
 from callbacks.monitor import TrainingDynamicsMonitor  # noqa: E402
 from r3lightning.data.datamodule import RolloutDataModule  # noqa: E402
-from r3lightning.envs.base import StepResult, Task, TaskSuite  # noqa: E402
+from r3lightning.envs.base import Task  # noqa: E402
 from r3lightning.models import ModelConfig, TinyModelSpec  # noqa: E402
-from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule  # noqa: E402
+from r3lightning.module import (  # noqa: E402
+    AlgorithmConfig,
+    OptimConfig,
+    PhaseConfig,
+    R3LightningModule,
+)
 from r3lightning.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from r3lightning.rollout.engine import SamplingParams  # noqa: E402
 
@@ -33,32 +39,12 @@ STEPS = 3
 SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 
 
-class DigitEnv:
-    def reset(self, task):
-        return task.prompt
-
-    def step(self, action):
-        success = any(c.isdigit() for c in action)
-        return StepResult("", float(success), True, {"feedback": "", "success": success})
-
-
-class DigitSuite(TaskSuite):
-    """Reward 1 for a response with a digit (a random policy gets mixed rewards); demonstrations of
-    task-dependent length, so the two ranks have different local token counts."""
-
-    system_prompt, max_turns = "Answer with a number.", 1
-
-    def make_env(self):
-        return DigitEnv()
+class CountingSuite(DigitSuite):
+    """Digit rewards (a random policy gets mixed rewards); demonstrations of task-dependent length, so
+    the two ranks have different local token counts."""
 
     def train_task(self, index):
         return Task(f"digit#{index}", f"Count to {index % 5 + 1}.", answer=" ".join(str(i) for i in range(1, index % 5 + 2)))
-
-    def val_tasks(self):
-        return [self.train_task(0)]
-
-    def demonstration(self, task):
-        return [task.answer]
 
 
 def param_hash(module) -> str:
@@ -104,7 +90,7 @@ class Record(L.Callback):
 
 def main(out_dir: str) -> None:
     dm = RolloutDataModule(
-        DigitSuite(),
+        CountingSuite(),
         group_size=4,
         tasks_per_step=2,
         sampling=SamplingParams(max_new_tokens=6),

@@ -104,6 +104,11 @@ class OptimConfig:
         warmup_steps: linear learning-rate warm-up steps.
         grad_clip: max global gradient norm (0 disables clipping).
         micro_batch_size: sequences per forward/backward pass.
+        lr_decay: learning-rate shape after each phase's warm-up: ``constant`` or ``cosine`` (down to
+            ``min_lr_ratio`` of the phase's rate at the phase's last step; needs ``trainer.max_steps``).
+            A decaying rate keeps the late RL steps from undoing the early ones, once the policy's own
+            samples are mostly successes and each failure's negative update weighs more.
+        min_lr_ratio: floor of the cosine decay, as a fraction of the phase's rate.
     """
 
     lr: float = 1e-6
@@ -113,6 +118,8 @@ class OptimConfig:
     warmup_steps: int = 0
     grad_clip: float = 1.0
     micro_batch_size: int = 8
+    lr_decay: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
 
 
 @dataclass
@@ -137,15 +144,30 @@ class PhaseConfig:
     validate_during_sft: bool = True
 
 
-def scheduled_learning_rate(step: int, optim: OptimConfig, sft_steps: int) -> float:
+def scheduled_learning_rate(step: int, optim: OptimConfig, sft_steps: int, total_steps: Optional[int] = None) -> float:
     """Learning rate of optimizer step ``step`` (0-based), a pure function of the step so that resuming
     needs no scheduler state: ``optim.sft_lr`` for steps < ``sft_steps`` (``optim.lr`` when unset),
     then ``optim.lr``, each phase opening with a linear warm-up over ``optim.warmup_steps`` (the RL
-    phase may start from a freshly reset optimizer, whose first AdamW steps are the largest)."""
+    phase may start from a freshly reset optimizer, whose first AdamW steps are the largest).
+
+    With ``optim.lr_decay == "cosine"`` each phase then decays along a half cosine towards
+    ``optim.min_lr_ratio`` of its rate, reached one step after the phase's last: the SFT phase spans
+    ``sft_steps`` steps, the RL phase ``total_steps - sft_steps``."""
     in_sft = step < sft_steps
     step_in_phase = step if in_sft else step - sft_steps
-    warm_up = min(1.0, (step_in_phase + 1) / (max(optim.warmup_steps, 0) + 1))
+    warmup = max(optim.warmup_steps, 0)
+    warm_up = min(1.0, (step_in_phase + 1) / (warmup + 1))
     rate = optim.sft_lr if in_sft and optim.sft_lr is not None else optim.lr
+    if optim.lr_decay == "cosine":
+        if not in_sft and (total_steps is None or total_steps <= sft_steps):
+            raise ValueError(
+                f"optim.lr_decay=cosine needs the run's length: trainer.max_steps ({total_steps}) must exceed "
+                f"phases.sft_warmup_steps ({sft_steps})"
+            )
+        phase_steps = sft_steps if in_sft else total_steps - sft_steps
+        progress = min(1.0, max(0, step_in_phase - warmup) / max(1, phase_steps - warmup))
+        floor = optim.min_lr_ratio
+        rate *= floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return rate * warm_up
 
 
@@ -252,7 +274,8 @@ class R3LightningModule(L.LightningModule):
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
 
     def learning_rate(self) -> float:
-        return scheduled_learning_rate(self.global_step, self.optim_config, self.phases.sft_warmup_steps)
+        max_steps = self.trainer.max_steps if self._trainer is not None and self.trainer.max_steps > 0 else None
+        return scheduled_learning_rate(self.global_step, self.optim_config, self.phases.sft_warmup_steps, max_steps)
 
     # ---- phases -------------------------------------------------------------------------------
     @property

@@ -175,6 +175,18 @@ def test_scheduled_learning_rate_warm_up_then_phase_rates():
     assert scheduled_learning_rate(0, OptimConfig(lr=0.3), sft_steps=2) == pytest.approx(0.3)
 
 
+def test_scheduled_learning_rate_cosine_decays_each_phase():
+    from r3lightning.module import scheduled_learning_rate
+
+    optim = OptimConfig(lr=1.0, sft_lr=2.0, warmup_steps=1, lr_decay="cosine", min_lr_ratio=0.1)
+    # SFT steps 0-2: warm-up, then cos over (3 - 1) steps: 0.1 + 0.9 * (1 + cos(pi / 2)) / 2 = 0.55 at step 2.
+    # RL steps 3-6 (total 7): warm-up, then cos over 3 steps: progress 0, 1/3, 2/3.
+    rates = [scheduled_learning_rate(step, optim, sft_steps=3, total_steps=7) for step in range(7)]
+    assert rates == pytest.approx([1.0, 2.0, 1.1, 0.5, 1.0, 0.775, 0.325])
+    with pytest.raises(ValueError, match="trainer.max_steps"):
+        scheduled_learning_rate(3, optim, sft_steps=3, total_steps=None)
+
+
 @pytest.mark.parametrize("reset", [True, False])
 def test_optimizer_state_reset_when_rl_starts(reset):
     module, dm = make(sft_steps=2)

@@ -36,6 +36,10 @@ class AgentLoopConfig:
             sample is masked and counted in ``reward/error_rate``); null disables the deadline.
         guidance_template: how R³L guidance is shown with the pivot observation; ``{guidance}`` and
             ``{observation}`` are filled in.
+        invalid_action_penalty: subtracted from the episode's reward for every turn whose action was
+            malformed (none could be parsed) or rejected by the environment (``info["invalid_action"]``),
+            replayed prefix turns included; success is untouched. Both kinds must cost the same: with a
+            penalty on rejected commands alone, a policy learns to write malformed actions instead.
     """
 
     max_context_tokens: int = 2048
@@ -46,6 +50,11 @@ class AgentLoopConfig:
     guidance_template: str = (
         "{observation}\n\n[Guidance from a previous attempt - use it, but do not mention it]\n{guidance}"
     )
+    invalid_action_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.invalid_action_penalty < 0:
+            raise ValueError(f"agent.invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
 
 
 @dataclass
@@ -84,6 +93,7 @@ class _Episode:
     end_reason: str = ""
     reward_error: bool = False
     invalid_actions: int = 0
+    rejected_actions: int = 0
     unguided_context: Optional[list[int]] = None
     pending_observation: str = ""
 
@@ -212,6 +222,7 @@ class AgentLoop:
         for turn in request.prefix:
             result = self._step(ep, turn.action)
             ep.turns.append(turn)
+            ep.rejected_actions += int(result is not None and bool(result.info.get("invalid_action")))
             ep.context_len += len(turn.context_ids) + len(turn.response_ids)
             if result is None or result.done:
                 raise ValueError(
@@ -298,6 +309,7 @@ class AgentLoop:
 
     def _after_turn(self, ep: _Episode, finish_reason: str, result: StepResult) -> None:
         ep.reward = float(result.reward)
+        ep.rejected_actions += int(bool(result.info.get("invalid_action")))
         if result.info.get("reward_error"):
             ep.reward_error = True
         if result.done:
@@ -321,11 +333,12 @@ class AgentLoop:
 
     def _finish(self, ep: _Episode) -> Trajectory:
         info = dict(ep.request.info)
-        info.update(end_reason=ep.end_reason, invalid_actions=ep.invalid_actions)
+        info.update(end_reason=ep.end_reason, invalid_actions=ep.invalid_actions, rejected_actions=ep.rejected_actions)
+        penalty = self.config.invalid_action_penalty * (ep.invalid_actions + ep.rejected_actions)
         return Trajectory(
             task_id=ep.request.task.task_id,
             turns=ep.turns,
-            reward=0.0 if ep.reward_error else ep.reward,
+            reward=0.0 if ep.reward_error else ep.reward - penalty,
             success=ep.success and not ep.reward_error,
             truncated=ep.end_reason in ("max_turns", "context_limit", "length"),
             origin=ep.request.origin,

@@ -2,11 +2,18 @@
 
 import time
 
+import pytest
 import torch
 
 from r3lightning.data.collate import collate_experience
 from r3lightning.envs.base import StepResult, Task, TaskSuite
-from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest, parse_action
+from r3lightning.rollout.agent_loop import (
+    AgentLoop,
+    AgentLoopConfig,
+    EpisodeRequest,
+    parse_action,
+    render_action,
+)
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.hf_engine import HFEngine
 
@@ -120,6 +127,28 @@ def test_invalid_action_feedback_mode_continues(world_suite, world_tokenizer, wo
     traj = loop.run_scripted([EpisodeRequest(task=world_suite.train_task(0))], [[bad] * 4])[0]
     assert traj.info["invalid_actions"] == 4 and traj.info["end_reason"] == "max_turns"
     assert "Invalid action format" in world_tokenizer.decode(traj.turns[1].context_ids)
+
+
+def test_invalid_action_penalty_counts_malformed_and_rejected_actions(world_suite, world_tokenizer, world_policy):
+    config = AgentLoopConfig(invalid_action_penalty=0.1)
+    loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer, config)
+    task = world_suite.train_task(0)
+
+    def rendered(action):
+        return world_tokenizer(render_action(action, config), add_special_tokens=False)["input_ids"] + [world_tokenizer.eos_token_id]
+
+    malformed = world_tokenizer("no tags")["input_ids"]
+    script = [malformed, rendered("take unicorn"), *(rendered(a) for a in world_suite.demonstration(task))]
+    traj = loop.run_scripted([EpisodeRequest(task=task)], [script])[0]
+    assert traj.success and traj.reward == pytest.approx(1.0 - 2 * 0.1)
+    assert traj.info["invalid_actions"] == 1 and traj.info["rejected_actions"] == 1
+    # A retry that replays both bad turns as its prefix pays for them too.
+    retry = loop.run_scripted([EpisodeRequest(task=task, prefix=traj.turns[:2])], [script[2:]])[0]
+    assert retry.success and retry.reward == pytest.approx(0.8)
+    clean = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
+    assert clean.run_scripted([EpisodeRequest(task=task)], [script])[0].reward == 1.0
+    with pytest.raises(ValueError, match="invalid_action_penalty"):
+        AgentLoopConfig(invalid_action_penalty=-0.1)
 
 
 class HangingSuite(TaskSuite):

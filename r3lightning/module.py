@@ -366,11 +366,13 @@ class R3LightningModule(L.LightningModule):
         return float(tensor.item())
 
     def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [b, T-1] of tokens 1.., logits [b, T-1, V]) at the sampling temperature."""
+        """(log-probs [b, T-1] of tokens 1.. at the sampling temperature, the model's own logits [b, T-1, V])."""
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-        if self.sampling_temperature != 1.0:
-            logits = logits / self.sampling_temperature
-        return algos.selective_log_softmax(logits, batch.input_ids[:, 1:]), logits
+        return algos.selective_log_softmax(self.tempered(logits), batch.input_ids[:, 1:]), logits
+
+    def tempered(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits of the sampling distribution (the RL loss scores the samples as they were drawn)."""
+        return logits / self.sampling_temperature if self.sampling_temperature != 1.0 else logits
 
     @torch.no_grad()
     def _fill_logprobs(self, experience: ExperienceBatch, micro_batches: list[torch.Tensor]) -> None:
@@ -525,17 +527,18 @@ class R3LightningModule(L.LightningModule):
                 out["kl_ref_sum"] = (kl.detach() * mask).sum()
         if totals["sft_tokens"] > 0:
             weight = cfg.sft_weight if self.phase == "rl" else 1.0
+            # The SFT head fits the model's own distribution, not the tempered sampling one; taken from the
+            # untempered logits, the warm-start is bit-for-bit the same whatever the sampling temperature.
             sft_logp = logp
             if self.sampling_temperature != 1.0:
-                # The SFT head fits the model's own distribution, not the tempered sampling one.
-                sft_logp = algos.selective_log_softmax(logits * self.sampling_temperature, micro.input_ids[:, 1:])
+                sft_logp = algos.selective_log_softmax(logits, micro.input_ids[:, 1:])
             nll = algos.aggregate(
                 algos.sft_nll(sft_logp), sft_mask, cfg.sft_aggregation, totals["sft_tokens"], totals["sft_seqs"]
             )
             out["loss_sft"] = weight * nll
         if self.log_entropy:
             with torch.no_grad():
-                ent = algos.entropy_from_logits(logits)
+                ent = algos.entropy_from_logits(self.tempered(logits))
                 scored = torch.maximum(mask, sft_mask)
                 out["entropy_sum"] = (ent * scored).sum()
                 out["entropy_count"] = scored.sum()

@@ -83,6 +83,18 @@ def test_parameters_change_and_metrics_logged():
     assert module.skipped_steps == 0
 
 
+def test_warm_start_does_not_depend_on_the_sampling_temperature():
+    # The SFT head reads the untempered logits, so a recipe's temperature cannot perturb its warm-start
+    # (dividing by 0.7 and multiplying back is not exact in floating point).
+    weights = []
+    for temperature in (1.0, 0.7):
+        module, dm = make(sft_steps=2)
+        dm.sampling.temperature = temperature
+        trainer(2).fit(module, dm)
+        weights.append([p.detach().clone() for p in module.policy.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
 def _gradients(module, experience):
     module.policy.zero_grad()
     totals = {

@@ -106,9 +106,8 @@ class OptimConfig:
         micro_batch_size: sequences per forward/backward pass.
         lr_decay: learning-rate shape after each phase's warm-up: ``constant`` or ``cosine`` (down to
             ``min_lr_ratio`` of the phase's rate at the phase's last step; needs ``trainer.max_steps``).
-            A decaying rate keeps the late RL steps from undoing the early ones, once the policy's own
-            samples are mostly successes and each failure's negative update weighs more.
-        min_lr_ratio: floor of the cosine decay, as a fraction of the phase's rate.
+            In the quickstart's setting it stopped a late collapse of the RL phase (docs/results.md).
+        min_lr_ratio: floor of the cosine decay, as a fraction of the phase's rate, in [0, 1].
     """
 
     lr: float = 1e-6
@@ -120,6 +119,10 @@ class OptimConfig:
     micro_batch_size: int = 8
     lr_decay: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass

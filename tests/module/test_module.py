@@ -197,6 +197,8 @@ def test_scheduled_learning_rate_cosine_decays_each_phase():
     assert rates == pytest.approx([1.0, 2.0, 1.1, 0.5, 1.0, 0.775, 0.325])
     with pytest.raises(ValueError, match="trainer.max_steps"):
         scheduled_learning_rate(3, optim, sft_steps=3, total_steps=None)
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        OptimConfig(min_lr_ratio=1.5)
 
 
 @pytest.mark.parametrize("reset", [True, False])

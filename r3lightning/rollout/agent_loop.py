@@ -222,7 +222,6 @@ class AgentLoop:
         for turn in request.prefix:
             result = self._step(ep, turn.action)
             ep.turns.append(turn)
-            ep.rejected_actions += int(result is not None and bool(result.info.get("invalid_action")))
             ep.context_len += len(turn.context_ids) + len(turn.response_ids)
             if result is None or result.done:
                 raise ValueError(
@@ -234,12 +233,15 @@ class AgentLoop:
         return ep
 
     def _step(self, ep: _Episode, action: str) -> Optional[StepResult]:
+        """Every environment step, live or replayed, goes through here, so rejected actions are counted once."""
         try:
-            return call_with_timeout(ep.env.step, action, timeout_s=self.config.step_timeout_s)
+            result = call_with_timeout(ep.env.step, action, timeout_s=self.config.step_timeout_s)
         except (CallTimeout, Exception) as err:
             ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "env_error", True, 0.0
             ep.request.info["env_error"] = f"{type(err).__name__}: {err}"
             return None
+        ep.rejected_actions += int(bool(result.info.get("invalid_action")))
+        return result
 
     def _play_turn(self, active: list[_Episode], respond: Callable[[list[_Episode]], list[Optional[Generation]]]) -> None:
         playable = []
@@ -309,7 +311,6 @@ class AgentLoop:
 
     def _after_turn(self, ep: _Episode, finish_reason: str, result: StepResult) -> None:
         ep.reward = float(result.reward)
-        ep.rejected_actions += int(bool(result.info.get("invalid_action")))
         if result.info.get("reward_error"):
             ep.reward_error = True
         if result.done:

@@ -34,6 +34,10 @@ def make(sft_steps=0, micro=8, algorithm=None, lr=1e-3, tasks=2, group=4):
     return module, dm
 
 
+def _fingerprint(model):
+    return sum(float(p.detach().double().sum()) for p in model.parameters())
+
+
 def trainer(steps, **kw):
     return L.Trainer(
         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -56,7 +60,7 @@ class WeightWatcher(L.Callback):
 
     @staticmethod
     def fingerprint(module):
-        return sum(float(p.detach().double().sum()) for p in module.policy.parameters())
+        return _fingerprint(module.policy)
 
 
 def test_rollout_k_uses_weights_after_update_k_minus_1():
@@ -246,10 +250,6 @@ def test_logratio_per_origin_is_zero_for_fresh_samples():
     assert set(module.last_experience.origins) == {"base"}
     assert abs(float(t.callback_metrics["train/logratio_base"])) < 1e-4
     assert not any(tag.startswith("train/logratio_") and tag != "train/logratio_base" for tag in t.callback_metrics)
-
-
-def _fingerprint(model):
-    return sum(float(p.detach().double().sum()) for p in model.parameters())
 
 
 def test_kl_reference_is_the_warm_started_policy():

@@ -114,7 +114,7 @@ def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: Sampli
         "padded_prompt_tokens": sum(c[4] for c in engine.calls),
         "prefix_cache_hit_rate": engine.inner.cache_hit_rate(),
         "successes": sum(t.success for t in trajectories),
-        "end_reasons": sorted({t.info["end_reason"] for t in trajectories}),
+        "end_reasons": sorted({t.end_reason for t in trajectories}),
     }
 
 

@@ -10,8 +10,9 @@ validation success vs step.
 
 The methods:
 
-- ``grpo``: plain sampling (``retry: false``), group z-score advantages, the same ``pg`` loss as R³L
-  (no ratio), so the comparison isolates exploration, credit and amplification.
+- ``grpo``: configs/algorithms/grpo.yaml as it is (plain sampling, group z-score advantages, PPO-clip;
+  with one update per batch on fresh samples the ratio is 1 up to engine/trainer numerics, so the
+  gradient is the ``pg`` one R³L uses).
 - ``r3l``: configs/algorithms/r3l.yaml (reflect-then-retry, pivotal credit, positive amplification).
 - ``r3l_wo_reflect`` / ``r3l_wo_credit`` / ``r3l_wo_positive``: the ablation presets.
 
@@ -39,8 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import machine_info  # noqa: E402
 
 METHODS = {
-    "grpo": ["--config", "configs/algorithms/grpo.yaml", "--model.algorithm.policy_loss", "pg",
-             "--data.explorer.init_args.retry", "false"],
+    "grpo": ["--config", "configs/algorithms/grpo.yaml"],
     "r3l": ["--config", "configs/algorithms/r3l.yaml"],
     "r3l_wo_reflect": ["--config", "configs/algorithms/r3l_wo_reflect.yaml"],
     "r3l_wo_credit": ["--config", "configs/algorithms/r3l_wo_credit.yaml"],
@@ -51,7 +51,7 @@ AMPLIFIED = ("r3l", "r3l_wo_reflect", "r3l_wo_credit")
 
 
 def _fit(overrides: list[str]):
-    from callbacks.phase_report import PhaseReport
+    from r3lightning.callbacks.phase_report import PhaseReport
     from r3lightning.cli import R3LightningCLI
 
     cli = R3LightningCLI(args=["fit", *overrides])

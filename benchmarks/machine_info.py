@@ -1,4 +1,4 @@
-"""The ``machine`` section every benchmark JSON carries (DESIGN.md §13)."""
+"""The ``machine`` section every benchmark JSON carries (docs/design.md, "Benchmarks")."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False, f
 
 
 def sync_seconds(engine, policy, bucket_mb: int) -> tuple[float, int]:
-    from r3lightning.rollout.vllm_engine import iter_policy_weights, iter_weight_buckets
+    from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -1,8 +1,8 @@
 """Lightning callbacks for r3lightning runs (name them under ``trainer.callbacks`` in a config)."""
 
-from callbacks.health import HealthWatchdog
-from callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
-from callbacks.phase_report import PhaseReport
-from callbacks.vllm_sync import VLLMWeightSync
+from r3lightning.callbacks.health import HealthWatchdog
+from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
+from r3lightning.callbacks.phase_report import PhaseReport
+from r3lightning.callbacks.vllm_sync import VLLMWeightSync
 
 __all__ = ["HealthWatchdog", "PhaseReport", "RolloutSampleLogger", "TrainingDynamicsMonitor", "VLLMWeightSync"]

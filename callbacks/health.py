@@ -21,7 +21,7 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
-from callbacks.monitor import log_dir_of
+from r3lightning.callbacks.monitor import log_dir_of
 
 BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
 EXCEPTION_CHECKPOINT = "exception.ckpt"

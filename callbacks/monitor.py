@@ -1,6 +1,6 @@
 """Training-dynamics monitoring: the metrics the module does not log itself, and rollout samples.
 
-``R3LightningModule`` logs the per-step tags of DESIGN.md §10 (losses, entropy, gradient norm,
+``R3LightningModule`` logs the per-step tags of docs/monitoring.md (losses, entropy, gradient norm,
 ratios, rewards, rollout lengths, timings) from its own rank. ``TrainingDynamicsMonitor`` adds what
 needs the whole batch or all ranks: k1/k3 estimates of the KL to the reference, token counts and
 rewards summed over ranks (torchmetrics, synchronized when logged), the engine's weight version and
@@ -40,7 +40,7 @@ def log_dir_of(trainer: L.Trainer) -> str:
 class TrainingDynamicsMonitor(L.Callback):
     """Logs, every training step, the dynamics the module's own ``log_dict`` does not cover.
 
-    Tags (DESIGN.md §10 names; docs/monitoring.md explains each):
+    Tags (docs/monitoring.md explains each):
 
     - ``train/kl_k1``, ``train/kl_k3``: k1 (log-ratio) and k3 (Schulman) estimates of
       KL(π_old ‖ π_ref) per loss token, on the sampled tokens, when the step has reference log-probs
@@ -206,6 +206,10 @@ class RolloutSampleLogger(L.Callback):
             "reward_error": trajectory.reward_error,
             "pivot": trajectory.pivot,
             "model_version": trajectory.model_version,
+            "end_reason": trajectory.end_reason,
+            "invalid_actions": trajectory.invalid_actions,
+            "rejected_actions": trajectory.rejected_actions,
+            "env_error": trajectory.env_error,
             "info": {k: self._info_value(v) for k, v in trajectory.info.items() if self._info_value(v) is not None},
             "turns": turns,
         }

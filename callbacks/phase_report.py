@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 
-from callbacks.monitor import log_dir_of
+from r3lightning.callbacks.monitor import log_dir_of
 
 
 ROLLOUT_FIGURES = (

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.vllm_engine import iter_policy_weights, iter_weight_buckets
+from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
 
 DEFAULT_PROBE_PROMPTS = (
     "What is 17 + 25?",

@@ -1,7 +1,9 @@
-"""``r3l``: LightningCLI for r3lightning (``r3l fit --config ...``, ``r3l validate --config ...``)."""
+"""``r3l``: LightningCLI for r3lightning (``r3l fit --config ...``, ``r3l validate --config ...``), and
+``r3l export --ckpt_path X.ckpt --out DIR`` (``r3lightning.export``)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -10,18 +12,23 @@ import yaml
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 
-from callbacks.health import HealthWatchdog
-from callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
-from callbacks.phase_report import PhaseReport
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
+
+# The CLI names its default callbacks by class path: the package never imports r3lightning.callbacks
+# (the layer above it), so the callbacks can depend on the module and not the other way round.
+PHASE_REPORT = "r3lightning.callbacks.PhaseReport"
+MONITORING_CALLBACKS = (
+    "r3lightning.callbacks.TrainingDynamicsMonitor",
+    "r3lightning.callbacks.HealthWatchdog",
+    "r3lightning.callbacks.RolloutSampleLogger",
+)
 
 TRAINER_DEFAULTS = {
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": "runs", "name": "r3l"},
     },
-    "callbacks": [PhaseReport()],
     "accelerator": "auto",
     "devices": 1,
     "num_sanity_val_steps": 0,
@@ -30,7 +37,10 @@ TRAINER_DEFAULTS = {
 }
 
 
-MONITORING_CALLBACKS = (TrainingDynamicsMonitor, HealthWatchdog, RolloutSampleLogger)
+def class_from_path(path: str) -> type:
+    """The class a dotted ``module.Class`` path names."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_config_files(args) -> None:
@@ -73,7 +83,8 @@ class R3LightningCLI(LightningCLI):
             callbacks = [*callbacks, RichProgressBar()]
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
-        callbacks = [*callbacks, *(cls() for cls in MONITORING_CALLBACKS if not any(isinstance(c, cls) for c in configured))]
+        defaults = [class_from_path(path) for path in (PHASE_REPORT, *MONITORING_CALLBACKS)]
+        callbacks = [*callbacks, *(cls() for cls in defaults if not any(isinstance(c, cls) for c in configured))]
         return super()._instantiate_trainer(config, callbacks)
 
     def parse_arguments(self, parser, args) -> None:
@@ -98,8 +109,14 @@ def main(args: list[str] | None = None) -> None:
     malformed dataset, a bad setting) ends with its one-line message and where it was raised, exit status 1;
     set ``R3L_TRACEBACK=1`` for the full traceback."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = list(args if args is not None else sys.argv[1:])
+    if args[:1] == ["export"]:
+        from r3lightning.export import main as export_main
+
+        export_main(args[1:])
+        return
     try:
-        R3LightningCLI(args=args if args is not None else sys.argv[1:])
+        R3LightningCLI(args=args)
     except (ValueError, OSError) as err:
         if os.environ.get("R3L_TRACEBACK", "0") not in ("", "0"):
             raise

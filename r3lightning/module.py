@@ -1,201 +1,44 @@
 """The LightningModule: policy, optional frozen reference, an RL head and an SFT head.
 
-``training_step`` receives a TaskBatch, rolls it out with the current weights (through the
-datamodule), turns groups into an ExperienceBatch with ``algos``, and optimizes it in micro-batches
-with manual optimization. Every loss is normalized by the *global* number of loss tokens (or
-sequences) of the step, all-reduced over ranks, so the result does not depend on how the batch was
-split into micro-batches or ranks.
+``training_step`` reads top to bottom: the datamodule rolls the step's tasks out with the current
+weights (``rollout``), ``make_experience`` turns them into an ExperienceBatch, and ``optimize``
+updates in micro-batches with manual optimization. Every loss is normalized by the *global* number of
+loss tokens (or sequences) of the step, all-reduced over ranks, so the result does not depend on how
+the batch was split into micro-batches or ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import inspect
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import lightning as L
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from r3lightning import algos
-from r3lightning.data.collate import collate_experience
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
+from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
-from r3lightning.models import (
-    ModelConfig,
-    apply_lora,
-    build_tiny_model,
-    build_tokenizer,
-    load_pretrained,
-    tokenizer_fingerprint,
-)
+from r3lightning.data.experience import make_experience
+from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
 from r3lightning.rollout.engine import RolloutEngine
-from r3lightning.rollout.engines import EngineConfig, build_engine
+from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, trajectory_metrics
-from r3lightning.types import ExperienceBatch, Group, Trajectory
+from r3lightning.types import ExperienceBatch, Trajectory
 
 
-@dataclass
-class AlgorithmConfig:
-    """The RL objective: a composition of orthogonal knobs (docs/algorithms.md).
-
-    Args:
-        advantage: group estimator: grpo | dr_grpo | rloo | opmd | reinforce | raft.
-        adv_eps: epsilon added to the group std (grpo).
-        success_threshold: reward at or above which a sample counts as a success (raft, metrics).
-        positive_amplification: R³L positive amplification of positive advantages.
-        alpha: amplification factor.
-        max_reward: reward that counts as the maximum for amplification.
-        max_reward_mode: value given to max-reward samples: ``alpha`` (paper) or ``one`` (reference code).
-        pivotal_credit: mask turns before each trajectory's pivot (R³L); off = trajectory-level credit.
-        policy_loss: pg (no ratio) | ppo_clip | gspo.
-        clip_eps_low: lower clip range of the ratio.
-        clip_eps_high: upper clip range of the ratio (> low is DAPO's clip-higher).
-        kl_coef: weight of the KL penalty to the frozen reference: the policy as RL starts (after the
-            SFT warm-start, if any). 0 disables the reference model.
-        kl_estimator: k1 | k2 | k3.
-        aggregation: token_mean | seq_mean_token_mean | seq_mean_token_sum.
-        sft_weight: weight of the SFT head's NLL (meta-tasks, demonstrations, GNT reflections).
-        sft_aggregation: token_mean (every SFT token weighs the same) | seq_mean_token_mean (every SFT
-            sample weighs the same, so a few long reflections do not drown many short action turns).
-        off_policy_gamma: γ of Critique-GRPO's policy shaping π/(π+γ) on off-policy refinements.
-        recompute_old_logprobs: recompute behaviour log-probs with the trainer before updating (needed
-            for ratios when the engine's numerics differ from the trainer's, or for replayed samples).
-        update_epochs: passes over each batch (more than 1 makes the importance ratio move away from 1).
-        mask_truncated: give truncated samples no RL loss (overlong filtering).
-    """
-
-    advantage: Literal["grpo", "dr_grpo", "rloo", "opmd", "reinforce", "raft"] = "grpo"
-    adv_eps: float = 1e-6
-    success_threshold: float = 1.0
-    positive_amplification: bool = False
-    alpha: float = 3.0
-    max_reward: float = 1.0
-    max_reward_mode: Literal["alpha", "one"] = "alpha"
-    pivotal_credit: bool = False
-    policy_loss: Literal["pg", "ppo_clip", "gspo"] = "ppo_clip"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
-    sft_weight: float = 1.0
-    sft_aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    off_policy_gamma: float = 0.1
-    recompute_old_logprobs: bool = False
-    update_epochs: int = 1
-    mask_truncated: bool = False
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer and step mechanics.
-
-    Args:
-        lr: AdamW learning rate of the RL phase.
-        sft_lr: learning rate during the SFT warm-start phase (null: same as lr).
-        weight_decay: AdamW weight decay.
-        betas: AdamW betas.
-        warmup_steps: linear learning-rate warm-up steps.
-        grad_clip: max global gradient norm (0 disables clipping).
-        micro_batch_size: sequences per forward/backward pass.
-        lr_decay: learning-rate shape after each phase's warm-up: ``constant`` or ``cosine`` (down to
-            ``min_lr_ratio`` of the phase's rate at the phase's last step; needs ``trainer.max_steps``).
-            In the quickstart's setting it stopped a late collapse of the RL phase (docs/results.md).
-        min_lr_ratio: floor of the cosine decay, as a fraction of the phase's rate, in [0, 1].
-    """
-
-    lr: float = 1e-6
-    sft_lr: Optional[float] = None
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    grad_clip: float = 1.0
-    micro_batch_size: int = 8
-    lr_decay: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-
-
-@dataclass
-class PhaseConfig:
-    """Training phases of one ``fit`` run.
-
-    Args:
-        sft_warmup_steps: optimizer steps of SFT on demonstrations before RL starts.
-        reset_optimizer_for_rl: clear the optimizer's state (AdamW's moments) at the first RL step, as
-            a separate SFT-then-RL pipeline would. Cross-entropy gradients are several times larger
-            than policy-gradient ones (0.3 vs 0.08-0.15 in the quickstart), and the second moment
-            they leave behind decays over ~1/(1 - beta2) = 1000 steps: until then every RL update
-            is divided by the SFT gradients' scale, a silent cut of RL's learning rate.
-        validate_during_sft: run the trainer's periodic validations during the warm-start too. Off,
-            validations before step ``sft_warmup_steps`` are skipped, so the first one measures the
-            finished warm-start (make ``sft_warmup_steps`` a multiple of ``trainer.val_check_interval``).
-            Validation forks the CPU random stream, so on CPU skipping it leaves training unchanged.
-    """
-
-    sft_warmup_steps: int = 0
-    reset_optimizer_for_rl: bool = True
-    validate_during_sft: bool = True
-
-
-def scheduled_learning_rate(step: int, optim: OptimConfig, sft_steps: int, total_steps: Optional[int] = None) -> float:
-    """Learning rate of optimizer step ``step`` (0-based), a pure function of the step so that resuming
-    needs no scheduler state: ``optim.sft_lr`` for steps < ``sft_steps`` (``optim.lr`` when unset),
-    then ``optim.lr``, each phase opening with a linear warm-up over ``optim.warmup_steps`` (the RL
-    phase may start from a freshly reset optimizer, whose first AdamW steps are the largest).
-
-    With ``optim.lr_decay == "cosine"`` each phase then decays along a half cosine towards
-    ``optim.min_lr_ratio`` of its rate, reached one step after the phase's last: the SFT phase spans
-    ``sft_steps`` steps, the RL phase ``total_steps - sft_steps``."""
-    in_sft = step < sft_steps
-    step_in_phase = step if in_sft else step - sft_steps
-    warmup = max(optim.warmup_steps, 0)
-    warm_up = min(1.0, (step_in_phase + 1) / (warmup + 1))
-    rate = optim.sft_lr if in_sft and optim.sft_lr is not None else optim.lr
-    if optim.lr_decay == "cosine":
-        if not in_sft and (total_steps is None or total_steps <= sft_steps):
-            raise ValueError(
-                f"optim.lr_decay=cosine needs the run's length: trainer.max_steps ({total_steps}) must exceed "
-                f"phases.sft_warmup_steps ({sft_steps})"
-            )
-        phase_steps = sft_steps if in_sft else total_steps - sft_steps
-        progress = min(1.0, max(0, step_in_phase - warmup) / max(1, phase_steps - warmup))
-        floor = optim.min_lr_ratio
-        rate *= floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return rate * warm_up
-
-
-def allow_in_checkpoints(*configs: Any) -> None:
-    """Allow the config dataclasses in ``configs`` (and those nested in them) in ``torch.load(weights_only=True)``.
-
-    Checkpoints store the module's init arguments as hyper-parameters; Lightning resumes
-    (``fit(ckpt_path=...)``) with torch's default ``weights_only=True`` loader, which refuses any class
-    it was not told about, so without this a module built in Python could not resume from its own
-    checkpoint. Only these plain config dataclasses are allowed, nothing executable.
-    """
-    found: set[type] = set()
-    stack = list(configs)
-    while stack:
-        value = stack.pop()
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            if type(value) not in found:
-                found.add(type(value))
-                stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-    if found:
-        torch.serialization.add_safe_globals(sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}"))
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits of the sampling distribution (the RL loss scores the samples as they were drawn)."""
+    return logits / temperature if temperature != 1.0 else logits
 
 
 class R3LightningModule(L.LightningModule):
@@ -252,15 +95,20 @@ class R3LightningModule(L.LightningModule):
             raise TypeError("R3LightningModule needs a RolloutDataModule (data: in the config)")
         return dm
 
+    def setup(self, stage: str) -> None:
+        dm = self.datamodule
+        for warning in check_combination(self.algorithm, dm.explorer, dm.demos.reflections):
+            rank_zero_warn(warning)
+
     def configure_model(self) -> None:
-        if self.policy is not None:
-            return
-        if self.model_config.name_or_path:
-            policy, tokenizer = load_pretrained(self.model_config)
-        else:
-            tokenizer = build_tokenizer(self.datamodule.tokenizer_corpus(), self.model_config.tiny.vocab_size)
-            policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
-        self._install(policy, tokenizer)
+        if self.policy is None:
+            if self.model_config.name_or_path:
+                policy, tokenizer = load_pretrained(self.model_config)
+            else:
+                tokenizer = build_tokenizer(self.datamodule.tokenizer_corpus(), self.model_config.tiny.vocab_size)
+                policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
+            self._install(policy, tokenizer)
+        self.datamodule.connect(self.engine, self.tokenizer)
 
     def _install(self, policy: torch.nn.Module, tokenizer) -> None:
         if self.model_config.gradient_checkpointing:
@@ -271,6 +119,11 @@ class R3LightningModule(L.LightningModule):
         self.tokenizer = tokenizer
         self.engine = build_engine(self.engine_config, self.policy, tokenizer)
 
+    def use_engine(self, engine: RolloutEngine) -> None:
+        """Roll out with ``engine`` from now on (tests swap in scripted engines this way)."""
+        self.engine = engine
+        self.datamodule.connect(engine, self.tokenizer)
+
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         cfg = self.optim_config
@@ -280,86 +133,51 @@ class R3LightningModule(L.LightningModule):
         max_steps = self.trainer.max_steps if self._trainer is not None and self.trainer.max_steps > 0 else None
         return scheduled_learning_rate(self.global_step, self.optim_config, self.phases.sft_warmup_steps, max_steps)
 
-    # ---- phases -------------------------------------------------------------------------------
     @property
     def phase(self) -> str:
         return "sft" if self.global_step < self.phases.sft_warmup_steps else "rl"
 
-    @property
-    def sampling_temperature(self) -> float:
-        temperature = self.datamodule.sampling.temperature
-        return temperature if temperature > 0 else 1.0
-
     # ---- the training step ----------------------------------------------------------------------
     def training_step(self, batch: TaskBatch, batch_idx: int) -> None:
         dm = self.datamodule
-        dm.mark_consumed(batch)
         if not getattr(self.engine, "needs_weight_sync", False):  # a synced engine's version is its sync count
             self.engine.weight_version = self.global_step
-        metrics: dict[str, float] = {}
+        phase = self.phase
+        timings: dict[str, float] = {}
         start = time.perf_counter()
-        if self.phase == "sft":
-            trajectories = dm.demonstrations(batch, self.engine, self.tokenizer)
-            experience = collate_experience(trajectories, [0.0] * len(trajectories), self.tokenizer.pad_token_id)
-            metrics["time/rollout_s"] = time.perf_counter() - start
-        else:
-            exploration = dm.explore(batch, self.engine, self.tokenizer)
-            metrics["time/rollout_s"] = time.perf_counter() - start
-            start = time.perf_counter()
-            experience, trajectories = self.build_experience(exploration.groups, exploration.sft)
-            metrics["time/reward_s"] = time.perf_counter() - start
+        exploration = dm.rollout(batch, phase)
+        timings["rollout"] = time.perf_counter() - start
+        start = time.perf_counter()
+        experience, trajectories = make_experience(
+            exploration, self.algorithm, dm.max_reward, self.tokenizer.pad_token_id, dm.scoring_temperature
+        )
+        timings["reward"] = time.perf_counter() - start
+        self.last_trajectories, self.last_experience = trajectories, experience
+        start = time.perf_counter()
+        stats = self.optimize(experience)
+        timings["train"] = time.perf_counter() - start
+        self.log_dict(self.step_metrics(phase, exploration, experience, stats, timings), on_step=True, batch_size=1)
+
+    def step_metrics(
+        self, phase: str, exploration, experience: ExperienceBatch, stats: dict[str, float], timings: dict[str, float]
+    ) -> dict[str, float]:
+        """Everything a step logs: timings and throughput, the exploration's figures (RL steps), the
+        optimizer's statistics and the batch's token counts."""
+        metrics = {"time/rollout_s": timings["rollout"]}
+        if phase == "rl":
+            metrics["time/reward_s"] = timings["reward"]
             metrics.update(exploration.metrics)
-            metrics.update(trajectory_metrics(exploration.groups, self.algorithm.success_threshold))
-            metrics["perf/rollout_tokens_per_s"] = sum(t.num_response_tokens for t in trajectories) / max(
-                metrics["time/rollout_s"], 1e-9
-            )
+            metrics.update(trajectory_metrics(exploration.groups))
+            generated = sum(t.num_response_tokens for t in exploration.trajectories)
+            metrics["perf/rollout_tokens_per_s"] = generated / max(timings["rollout"], 1e-9)
             if hasattr(self.engine, "metrics"):
                 metrics.update(self.engine.metrics())
-        self.last_trajectories = trajectories
-        self.last_experience = experience
-        start = time.perf_counter()
-        metrics.update(self.optimize(experience))
-        metrics["time/train_s"] = time.perf_counter() - start
-        metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(metrics["time/train_s"], 1e-9)
+        metrics.update(stats)
+        metrics["time/train_s"] = timings["train"]
+        metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(timings["train"], 1e-9)
         metrics.update(experience_metrics(experience))
         metrics["train/phase_rl"] = float(self.phase == "rl")
-        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=1)
-
-    def build_experience(self, groups: list[Group], sft: list[Trajectory]) -> tuple[ExperienceBatch, list[Trajectory]]:
-        """Advantages for every RL trajectory (per group), then collation with the SFT samples."""
-        rl = [t for g in groups for t in g.trajectories]
-        group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
-        rewards = torch.tensor([t.reward for t in rl], dtype=torch.float32)
-        advantages = self.compute_advantages(rewards, group_index, rl)
-        trajectories = rl + list(sft)
-        experience = collate_experience(
-            trajectories,
-            advantages.tolist() + [0.0] * len(sft),
-            self.tokenizer.pad_token_id,
-            pivotal_credit=self.algorithm.pivotal_credit,
-        )
-        if self.algorithm.mask_truncated:
-            truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool).unsqueeze(1)
-            experience.loss_mask = experience.loss_mask.masked_fill(truncated, 0.0)
-            experience.advantages = experience.advantages * experience.loss_mask
-        return experience, trajectories
-
-    def compute_advantages(self, rewards: torch.Tensor, group_index: torch.Tensor, trajectories: list[Trajectory]) -> torch.Tensor:
-        """Per-trajectory advantages [N] from rewards [N] and group ids [N]; errored samples are excluded."""
-        if rewards.numel() == 0:
-            return rewards
-        cfg = self.algorithm
-        valid = torch.tensor([not t.reward_error for t in trajectories], dtype=torch.bool)
-        advantages = torch.zeros_like(rewards)
-        if valid.any():
-            advantages[valid] = algos.compute_advantages(
-                rewards[valid], group_index[valid], cfg.advantage, eps=cfg.adv_eps, success_threshold=cfg.success_threshold
-            )
-        if cfg.positive_amplification:
-            advantages = algos.positive_amplification(
-                advantages, rewards, cfg.alpha, cfg.max_reward, cfg.max_reward_mode
-            ) * valid
-        return advantages
+        return {k: float(v) for k, v in metrics.items()}
 
     # ---- optimization -------------------------------------------------------------------------
     def _reduce_sum(self, value: float) -> float:
@@ -369,13 +187,9 @@ class R3LightningModule(L.LightningModule):
         return float(tensor.item())
 
     def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [b, T-1] of tokens 1.. at the sampling temperature, the model's own logits [b, T-1, V])."""
+        """(log-probs [b, T-1] of tokens 1.. at the batch's sampling temperature, the model's own logits [b, T-1, V])."""
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-        return algos.selective_log_softmax(self.tempered(logits), batch.input_ids[:, 1:]), logits
-
-    def tempered(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits of the sampling distribution (the RL loss scores the samples as they were drawn)."""
-        return logits / self.sampling_temperature if self.sampling_temperature != 1.0 else logits
+        return algos.selective_log_softmax(tempered(logits, batch.temperature), batch.input_ids[:, 1:]), logits
 
     @torch.no_grad()
     def _fill_logprobs(self, experience: ExperienceBatch, micro_batches: list[torch.Tensor]) -> None:
@@ -533,7 +347,7 @@ class R3LightningModule(L.LightningModule):
             # The SFT head fits the model's own distribution, not the tempered sampling one; taken from the
             # untempered logits, the warm-start is bit-for-bit the same whatever the sampling temperature.
             sft_logp = logp
-            if self.sampling_temperature != 1.0:
+            if micro.temperature != 1.0:
                 sft_logp = algos.selective_log_softmax(logits, micro.input_ids[:, 1:])
             nll = algos.aggregate(
                 algos.sft_nll(sft_logp), sft_mask, cfg.sft_aggregation, totals["sft_tokens"], totals["sft_seqs"]
@@ -541,7 +355,7 @@ class R3LightningModule(L.LightningModule):
             out["loss_sft"] = weight * nll
         if self.log_entropy:
             with torch.no_grad():
-                ent = algos.entropy_from_logits(self.tempered(logits))
+                ent = algos.entropy_from_logits(tempered(logits, micro.temperature))
                 scored = torch.maximum(mask, sft_mask)
                 out["entropy_sum"] = (ent * scored).sum()
                 out["entropy_count"] = scored.sum()
@@ -607,8 +421,8 @@ class R3LightningModule(L.LightningModule):
         if self.skips_validation:
             return
         dm = self.datamodule
-        greedy = dm.evaluate(batch.tasks, self.engine, self.tokenizer, greedy=True)
-        sampled = dm.evaluate(batch.tasks, self.engine, self.tokenizer, greedy=False)
+        greedy = dm.evaluate(batch.tasks, greedy=True)
+        sampled = dm.evaluate(batch.tasks, greedy=False)
         n = len(batch.tasks)
         self.val_metrics["success_rate_greedy"].update(sum(t.success for t in greedy) / n, weight=n)
         self.val_metrics["success_rate"].update(sum(t.success for t in sampled) / n, weight=n)
@@ -623,50 +437,17 @@ class R3LightningModule(L.LightningModule):
 
     # ---- checkpoints --------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["r3lightning"] = {
-            "phase": self.phase,
-            "weight_version": self.engine.weight_version if self.engine else 0,
-            "skipped_steps": self.skipped_steps,
-            "tokenizer_fingerprint": tokenizer_fingerprint(self.tokenizer),
-            "tokenizer_json": self.tokenizer.backend_tokenizer.to_str() if not self.model_config.name_or_path else None,
-            "model_config": repr(self.model_config),
-        }
+        checkpoint["r3lightning"] = r3lightning_section(
+            self.phase,
+            self.engine.weight_version if self.engine else 0,
+            self.skipped_steps,
+            self.tokenizer,
+            self.model_config,
+            in_memory_tokenizer=not self.model_config.name_or_path,
+        )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("r3lightning")
-        if saved is None:
-            raise ValueError("checkpoint was not written by r3lightning (no 'r3lightning' section)")
-        if saved["tokenizer_fingerprint"] != tokenizer_fingerprint(self.tokenizer):
-            raise ValueError(
-                "checkpoint: its tokenizer differs from this run's (changed model or task suite?). "
-                "Resume with the configuration the checkpoint was trained with."
-            )
-        own = self.state_dict()
-        mismatched = [
-            k for k, v in checkpoint["state_dict"].items() if k in own and tuple(own[k].shape) != tuple(v.shape)
-        ]
-        missing = [k for k in own if k not in checkpoint["state_dict"] and not k.startswith("val_metrics")]
-        no_reference = [k for k in missing if k.startswith("reference.")]
-        if no_reference:
-            warm_up = self.phases.sft_warmup_steps
-            if 0 < warm_up < checkpoint.get("global_step", 0):
-                raise ValueError(
-                    f"checkpoint: it has no reference model (trained with kl_coef 0) and is past the warm-start "
-                    f"(step {checkpoint['global_step']} > sft_warmup_steps {warm_up}), so the warm-started policy "
-                    "the KL should anchor to is not in it. Resume with kl_coef: 0, or from a checkpoint saved "
-                    f"by step {warm_up}."
-                )
-            # Before the first RL step the reference is either the initial model (rebuilt identically by
-            # configure_model) or about to be anchored to the warm-started policy: this run's own will do.
-            for key in no_reference:
-                checkpoint["state_dict"][key] = own[key]
-            missing = [k for k in missing if not k.startswith("reference.")]
-        if mismatched or missing:
-            example = (mismatched or missing)[0]
-            raise ValueError(
-                f"checkpoint: model does not match this configuration ({len(mismatched)} parameters with other "
-                f"shapes, {len(missing)} missing; e.g. {example!r}). Saved model config: {saved['model_config']}"
-            )
+        saved = check_loadable(checkpoint, self.state_dict(), self.tokenizer, self.phases.sft_warmup_steps)
         self.skipped_steps = int(saved.get("skipped_steps", 0))
         if self.engine is not None:
             self.engine.weight_version = int(saved.get("weight_version", 0))

@@ -1,4 +1,4 @@
-"""The one vocabulary of r3lightning: Turn, Trajectory, Group, ExperienceBatch (DESIGN.md §2).
+"""The one vocabulary of r3lightning: Turn, Trajectory, Group, ExperienceBatch (docs/design.md).
 
 Token bookkeeping is incremental: a turn stores only the tokens that were *added* to the context
 before it (``context_ids``: the whole prompt for the first turn, the rendered environment message
@@ -10,7 +10,7 @@ knows which turn produced it. Nothing is ever re-tokenized from text afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Literal, Optional
 
 import torch
 
@@ -58,6 +58,20 @@ def message_count(turns: list[Turn]) -> int:
     return sum(1 for i, turn in enumerate(turns) if i == 0 or turn.context_ids)
 
 
+EndReason = Literal["", "done", "max_turns", "context_limit", "invalid_action", "env_error", "length", "script_end"]
+"""Why an episode ended (empty for trajectories that were not played by the agent loop)."""
+
+
+@dataclass
+class GuidedTurn:
+    """Where guidance was shown in an episode: turn ``index``, whose ``context_ids`` include the
+    guidance, and the context tokens that turn would have had without it (``unguided_context``).
+    Context distillation swaps exactly those tokens and nothing else."""
+
+    index: int
+    unguided_context: list[int]
+
+
 @dataclass
 class Trajectory:
     """A whole episode of one task.
@@ -65,6 +79,14 @@ class Trajectory:
     pivot: turn (or step) index from which the trajectory diverges from its partner (R³L); turns
         before it are masked out of the loss when pivotal credit is on. None when there is no pivot.
     model_version: optimizer-step count of the weights that generated it (staleness checks, replay).
+    end_reason: why the episode ended (``EndReason``).
+    invalid_actions: turns whose action could not be parsed (malformed).
+    rejected_actions: actions the environment rejected (``StepResult.info["invalid_action"]``).
+    guided_turn: the turn that showed guidance (``GuidedTurn``), None for unguided episodes or when
+        the episode ended before that turn was played.
+    env_error: the exception text when the environment failed (``end_reason == "env_error"``).
+    info: free-form diagnostics shown in sample logs (reflection text, its parse error...); nothing
+        reads it to decide anything.
     """
 
     task_id: str
@@ -77,6 +99,11 @@ class Trajectory:
     model_version: int = 0
     reward_error: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    end_reason: EndReason = ""
+    invalid_actions: int = 0
+    rejected_actions: int = 0
+    guided_turn: Optional[GuidedTurn] = None
+    env_error: str = ""
 
     def __post_init__(self) -> None:
         if self.origin not in ORIGINS:
@@ -149,6 +176,7 @@ class ExperienceBatch:
     turn_index: index of the turn that generated each assistant token, -1 elsewhere.
     advantages: per-token advantage (the sequence's advantage broadcast on its loss tokens).
     rewards: [B] per-sequence reward; ``origins`` and ``task_ids`` are per-sequence lists.
+    temperature: the sampling temperature of the RL rows (the trainer scores them under it).
     """
 
     input_ids: torch.Tensor
@@ -162,6 +190,7 @@ class ExperienceBatch:
     ref_logprobs: Optional[torch.Tensor] = None
     origins: list[str] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
+    temperature: float = 1.0
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

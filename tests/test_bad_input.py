@@ -1,4 +1,4 @@
-"""Bad input catalogue (DESIGN.md §11): each case ends in a clear error or a counted fallback.
+"""Bad input catalogue: each case ends in a clear error or a counted fallback.
 
 Covered elsewhere, not repeated here: a verifier that hangs or crashes (tests/envs/test_math_env.py),
 malformed and empty dataset files at the suite level (test_math_env.py::test_dataset_errors),
@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks.health import HealthWatchdog
+from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning import algos
 from r3lightning.cli import main
 from r3lightning.data.collate import collate_experience
@@ -24,10 +24,13 @@ from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer, load_pretrained
-from r3lightning.module import AlgorithmConfig, OptimConfig, R3LightningModule
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.rollout.explorers import ExplorerTraits, SampleExplorer
 from r3lightning.types import Trajectory, Turn
 
 SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
@@ -108,9 +111,9 @@ def test_tokenizer_without_chat_template(tmp_path):
 
 
 # ---- rollouts that go wrong during training ---------------------------------------------------------
-def fit(suite, steps=1, agent=None, algorithm=None, callbacks=(), max_new_tokens=6, tmp_path=None):
+def fit(suite, steps=1, agent=None, algorithm=None, callbacks=(), max_new_tokens=6, tmp_path=None, explorer=None):
     dm = RolloutDataModule(
-        suite, group_size=4, tasks_per_step=2, sampling=SamplingParams(max_new_tokens=max_new_tokens),
+        suite, explorer=explorer, group_size=4, tasks_per_step=2, sampling=SamplingParams(max_new_tokens=max_new_tokens),
         agent=agent or AgentLoopConfig(action_format="raw", max_context_tokens=128),
     )
     module = R3LightningModule(
@@ -162,7 +165,7 @@ def test_hanging_reward_is_cut_masked_counted_and_training_completes(tmp_path, c
     assert time.perf_counter() - start < 120
     assert metrics["reward/error_rate"] == 0.5 and metrics["rollout/env_error_rate"] == 0.5
     hung = [t for t in module.last_trajectories if t.reward_error]
-    assert len(hung) == 4 and all("did not return within 0.3s" in t.info["env_error"] for t in hung)
+    assert len(hung) == 4 and all("did not return within 0.3s" in t.env_error for t in hung)
     assert metrics["reward/mean"] == 0.5  # the hung samples count as reward 0 and are masked out of the loss
     assert "health warning (reward_errors)" in capsys.readouterr().out
 
@@ -175,17 +178,18 @@ def test_pivot_out_of_range_masks_everything_without_crashing(monkeypatch):
     assert batch.loss_mask.sum() == 0 and batch.advantages.abs().sum() == 0
 
     # A whole training step whose every trajectory has its pivot past its last turn: no RL tokens, no crash.
-    original = RolloutDataModule.explore
+    class PivotPastTheEnd(SampleExplorer):
+        traits = ExplorerTraits(sets_pivots=True)
 
-    def explore(self, batch, engine, tokenizer):
-        exploration = original(self, batch, engine, tokenizer)
-        for group in exploration.groups:
-            for t in group.trajectories:
+        def explore(self, tasks, loop, spec):
+            exploration = super().explore(tasks, loop, spec)
+            for t in exploration.trajectories:
                 t.pivot = len(t.turns) + 3
-        return exploration
+            return exploration
 
-    monkeypatch.setattr(RolloutDataModule, "explore", explore)
-    _, metrics = fit(MathSuite(**ARITHMETIC), algorithm=AlgorithmConfig(policy_loss="ppo_clip", pivotal_credit=True))
+    _, metrics = fit(
+        MathSuite(**ARITHMETIC), algorithm=AlgorithmConfig(policy_loss="ppo_clip", pivotal_credit=True), explorer=PivotPastTheEnd()
+    )
     assert metrics["train/rl_tokens"] == 0 and metrics["train/loss"] == 0
 
 
@@ -205,7 +209,7 @@ def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
     loop = AgentLoop(suite, EmptyEngine(), tokenizer, config)
     trajectories = loop.run([EpisodeRequest(task=suite.train_task(i)) for i in range(2)], SamplingParams())
     for t in trajectories:
-        assert t.turns[0].response_ids == [] and t.reward == 0.0 and not t.success and t.info["end_reason"] == "done"
+        assert t.turns[0].response_ids == [] and t.reward == 0.0 and not t.success and t.end_reason == "done"
     batch = collate_experience(trajectories, [1.0, -1.0], tokenizer.pad_token_id)
     assert batch.loss_mask.sum() == 0
 
@@ -224,14 +228,14 @@ def test_overlong_generations_are_cut_at_the_context_limit_and_counted():
     module, metrics = fit(suite, agent=AgentLoopConfig(action_format="raw", max_context_tokens=limit), max_new_tokens=12)
     assert metrics["rollout/truncated_rate"] == 1.0 and metrics["rollout/prompt_too_long_rate"] == 0.0
     for t in module.last_trajectories:
-        assert t.info["end_reason"] == "context_limit" and len(t.token_ids()) <= limit
+        assert t.end_reason == "context_limit" and len(t.token_ids()) <= limit
         assert 0 < t.num_response_tokens <= 3
 
 
 def test_prompts_longer_than_the_context_end_the_episode_and_are_counted(tmp_path, capsys):
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=5)
     module, metrics = fit(MathSuite(**ARITHMETIC), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
-    assert all(not t.turns and t.info["end_reason"] == "context_limit" for t in module.last_trajectories)
+    assert all(not t.turns and t.end_reason == "context_limit" for t in module.last_trajectories)
     assert metrics["rollout/prompt_too_long_rate"] == 1.0 and metrics["rollout/truncated_rate"] == 1.0
     assert metrics["train/rl_tokens"] == 0
     assert "health warning (prompt_too_long)" in capsys.readouterr().out

@@ -11,7 +11,9 @@ quickstart recipe, exactly as ``r3l fit --config BASE --config FRAGMENT`` would.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -126,7 +128,8 @@ def test_every_yaml_parses_and_its_keys_win(cli, path):
 
 
 def test_stacking_overrides_only_the_keys_a_fragment_sets(cli):
-    """base <- gspo <- rloo <- command line: each layer replaces only what it names."""
+    """base <- gspo <- rloo <- command line: each layer replaces only what it names. Presets name every
+    method-defining key, so the last preset wins whole; the recipe keeps everything else."""
     cfg = cli.parser.parse_args(
         [
             "fit",
@@ -138,13 +141,55 @@ def test_stacking_overrides_only_the_keys_a_fragment_sets(cli):
     ).fit
     algo = cfg.model.algorithm
     assert (algo.advantage, algo.policy_loss, algo.aggregation) == ("rloo", "pg", "seq_mean_token_sum")  # rloo
-    assert (algo.clip_eps_low, algo.clip_eps_high) == (3.0e-4, 4.0e-4)  # gspo's, rloo does not set them
+    assert (algo.clip_eps_low, algo.clip_eps_high) == (0.2, 0.2)  # rloo's own, not gspo's
     assert algo.kl_coef == 0.01  # the command line comes last
     base = _load(BASE)
     assert cfg.model.optim.lr == base["model"]["optim"]["lr"]  # the base recipe's
     assert cfg.model.optim.micro_batch_size == base["model"]["optim"]["micro_batch_size"]
     assert cfg.model.model.tiny.hidden_size == base["model"]["model"]["tiny"]["hidden_size"]
     assert cfg.trainer.max_steps == base["trainer"]["max_steps"]
+
+
+RECIPES = sorted(p for p in ALL_YAML if not _is_fragment(p))
+PRESETS = sorted((CONFIGS / "algorithms").glob("*.yaml"))
+
+
+def test_every_preset_sets_every_method_defining_key_and_its_explorer():
+    from r3lightning.algos.objective import METHOD_FIELDS, AlgorithmConfig
+
+    assert set(METHOD_FIELDS) <= {f.name for f in dataclasses.fields(AlgorithmConfig)}
+    for path in PRESETS:
+        preset = _load(path)
+        assert set(preset["model"]["algorithm"]) == set(METHOD_FIELDS), path.name
+        explorer = preset["data"]["explorer"]
+        assert "class_path" in explorer and "init_args" in explorer, path.name
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_a_preset_means_the_same_method_on_every_recipe(cli, preset):
+    """Stacked on any recipe (quickstart, examples, GPU recipes), a preset's method-defining fields
+    and its explorer (class and the init_args it names) are exactly the preset's."""
+    expected = _load(preset)
+    algorithm, explorer = expected["model"]["algorithm"], expected["data"]["explorer"]
+    for recipe in RECIPES:
+        cfg = cli.parser.parse_args(["fit", "--config", str(recipe), "--config", str(preset)]).fit
+        resolved = vars(cfg.model.algorithm)
+        for key, value in algorithm.items():
+            assert _same(value, resolved[key]) or (value is None and resolved[key] is None), f"{recipe.name} + {preset.name}: {key}"
+        assert cfg.data.explorer.class_path == explorer["class_path"], f"{recipe.name} + {preset.name}"
+        init_args = vars(getattr(cfg.data.explorer, "init_args", None) or argparse.Namespace())
+        for key, value in explorer["init_args"].items():
+            assert _same(value, init_args[key]), f"{recipe.name} + {preset.name}: explorer {key}"
+
+
+def test_quickstart_plus_grpo_is_plain_grpo(cli):
+    cfg = cli.parser.parse_args(["fit", "--config", str(CONFIGS / "quickstart.yaml"), "--config", str(PRESETS[0].parent / "grpo.yaml")]).fit
+    assert cfg.data.explorer.class_path == "r3lightning.rollout.explorers.SampleExplorer"
+    assert not vars(getattr(cfg.data.explorer, "init_args", None) or argparse.Namespace())
+    algo = cfg.model.algorithm
+    assert (algo.advantage, algo.positive_amplification, algo.pivotal_credit, algo.policy_loss, algo.sft_weight) == (
+        "grpo", False, False, "ppo_clip", 0.0
+    )
 
 
 def test_trainer_fragments_stack_with_algorithm_fragments(cli):
@@ -290,7 +335,7 @@ def test_gpu_recipes_run_r3l_on_qwen(cli, name):
     assert cfg.model.algorithm.positive_amplification and cfg.model.algorithm.pivotal_credit
     assert cfg.data.explorer.class_path == "r3lightning.rollout.reflect_retry.ReflectRetryExplorer"
     assert (cfg.model.engine.backend, cfg.trainer.accelerator, str(cfg.trainer.precision)) == ("vllm", "gpu", "bf16-mixed")
-    assert [c.class_path for c in cfg.trainer.callbacks] == ["callbacks.vllm_sync.VLLMWeightSync"]
+    assert [c.class_path for c in cfg.trainer.callbacks] == ["r3lightning.callbacks.VLLMWeightSync"]
     assert cfg.data.suite.class_path == suite and getattr(cfg.data.suite.init_args, limit_key) == limit
     header = path.read_text().split("\nseed_everything")[0]
     assert "UNTESTED" in header and f"r3l fit --config configs/recipes/{name}" in header
@@ -318,7 +363,7 @@ def test_comparison_arms_parse_on_the_quickstart_with_its_alpha(cli, monkeypatch
         assert algorithm.positive_amplification == (method in compare.AMPLIFIED), method
         if algorithm.positive_amplification:
             assert algorithm.alpha == args.alpha, method
-        assert algorithm.pivotal_credit == (method not in ("grpo", "r3l_wo_credit")), method
+        assert algorithm.pivotal_credit == (method not in ("grpo", "r3l_wo_credit", "r3l_wo_reflect")), method
 
 
 def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):

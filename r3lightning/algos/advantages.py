@@ -80,7 +80,7 @@ def positive_amplification(
     max_reward: float = 1.0,
     max_reward_mode: Literal["alpha", "one"] = "alpha",
 ) -> torch.Tensor:
-    """R³L positive amplification, shape [N] (DESIGN.md §5).
+    """R³L positive amplification, shape [N] (docs/r3l.md).
 
     advantages, rewards: [N].
     R >= max_reward -> alpha (paper) or 1.0 (``max_reward_mode="one"``, the reference code);

@@ -2,9 +2,12 @@
 
 Lightning prefetches one batch from iterable datasets. Rollouts made in the dataset would therefore
 be generated with weights one update old. Here the dataset yields only *tasks* (a pure function of
-their index, so prefetching is harmless) and the module calls ``explore`` inside ``training_step``:
+their index, so prefetching is harmless) and the module calls ``rollout`` inside ``training_step``:
 rollout *k* always uses the weights after update *k-1*. The cursor counts *consumed* batches, so a
 checkpoint taken mid-run resumes at exactly the next unseen batch.
+
+The module connects the datamodule to its engine and tokenizer once (``connect``); from then on a
+step asks for one thing, ``rollout(batch, phase)``, and gets an ``Exploration`` back.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from r3lightning.rollout.agent_loop import (
 )
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
-from r3lightning.rollout.explorers import Exploration, Explorer, SampleExplorer
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, scripted_reflection_samples
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, Explorer, SampleExplorer
+from r3lightning.rollout.reflection import Reflector, load_template
+from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
 
 
@@ -74,8 +78,8 @@ class DemoConfig:
         source: ``suite`` (the environment's scripted expert, ``TaskSuite.demonstration``) or the path of
             a JSONL file whose rows hold ``messages``: a chat conversation (system/user/assistant).
         reflections: also train on the suite's scripted reflections and guided retries (R³L
-            warm-start: needs a suite with ``diagnose``/``expert_continuation`` and the
-            ``ReflectRetryExplorer``, whose prompt templates are used).
+            warm-start: needs a suite with ``diagnose``/``expert_continuation`` and an explorer that
+            reflects, whose prompt templates are used).
         tasks_per_step: demonstrations per warm-start step on each rank (0: ``data.tasks_per_step``).
             SFT steps cost no generation, so they can afford larger batches than RL steps.
         reflection_tasks_per_step: with ``reflections``, how many of a step's demonstration tasks also
@@ -107,6 +111,9 @@ class RolloutDataModule(L.LightningDataModule):
         val_tasks_per_batch: validation tasks per batch.
         seed: base seed of rollout sampling; step ``s`` on rank ``r`` samples with a seed derived from
             (seed, s, r), so resumed and multi-rank runs sample reproducibly.
+        max_reward: the reward of a full success, the one value every part reads: explorers (which
+            samples are solved and get no reflection or critique, the meta-task rule), the objective
+            (positive amplification, ``raft``'s filter) and the success metrics.
     """
 
     def __init__(
@@ -121,6 +128,7 @@ class RolloutDataModule(L.LightningDataModule):
         demos: DemoConfig = DemoConfig(),
         val_tasks_per_batch: int = 32,
         seed: int = 0,
+        max_reward: float = 1.0,
     ) -> None:
         super().__init__()
         if group_size < 1 or tasks_per_step < 1:
@@ -136,8 +144,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.demos = dataclasses.replace(demos)
         self.val_tasks_per_batch = val_tasks_per_batch
         self.seed = seed
+        self.max_reward = max_reward
         self.cursor = 0
         self._demo_rows: Optional[list[list[dict]]] = None
+        self.loop: Optional[AgentLoop] = None
+        self.tokenizer = None
 
     # ---- task streams -------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -158,10 +169,6 @@ class RolloutDataModule(L.LightningDataModule):
         batches = [TaskBatch(-1, tasks[i : i + n]) for i in range(0, len(tasks), n)]
         return DataLoader(batches, batch_size=None, collate_fn=_identity, num_workers=0)
 
-    def mark_consumed(self, batch: TaskBatch) -> None:
-        """Called by the module once a training batch has been used (the checkpointed cursor)."""
-        self.cursor = batch.step + 1
-
     def state_dict(self) -> dict:
         state = {"cursor": self.cursor}
         if hasattr(self.explorer, "state_dict"):
@@ -174,27 +181,59 @@ class RolloutDataModule(L.LightningDataModule):
             self.explorer.load_state_dict(state["explorer"])
 
     def tokenizer_corpus(self) -> list[str]:
-        """Texts an in-memory tokenizer is trained on: the suite's, plus the explorer's prompts."""
+        """Texts an in-memory tokenizer is trained on: the suite's, plus the reflection vocabulary
+        (prompt templates, example reflections) when the explorer reflects or the suite has a
+        diagnostician. It does not otherwise depend on the explorer, so one warm-start checkpoint
+        serves every method on a suite."""
         texts = corpus_from_suite(self.suite, self.agent)
-        if hasattr(self.explorer, "tokenizer_corpus"):
-            texts += self.explorer.tokenizer_corpus(self.suite)
+        if hasattr(self.explorer, "reflector") or has_diagnostician(self.suite):
+            texts += reflection_corpus(self.suite, self.reflector)
         return texts
 
+    @property
+    def reflector(self) -> Reflector:
+        """The explorer's reflector, or one with the built-in templates for explorers without one
+        (scripted reflection warm-start data, the tokenizer corpus)."""
+        own = getattr(self.explorer, "reflector", None)
+        if own is not None:
+            return own
+        return Reflector(1.0, 0, load_template("", "reflection.txt"), load_template("", "guidance.txt"))
+
     # ---- experience ---------------------------------------------------------------------------
-    def make_loop(self, engine: RolloutEngine, tokenizer) -> AgentLoop:
-        return AgentLoop(self.suite, engine, tokenizer, self.agent)
+    def connect(self, engine: RolloutEngine, tokenizer) -> None:
+        """Bind the engine and tokenizer every rollout uses (once, when the module has built them)."""
+        self.tokenizer = tokenizer
+        self.loop = AgentLoop(self.suite, engine, tokenizer, self.agent)
+
+    @property
+    def connected_loop(self) -> AgentLoop:
+        if self.loop is None:
+            raise RuntimeError("RolloutDataModule.connect(engine, tokenizer) must be called before rollouts")
+        return self.loop
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature training rollouts were sampled at, under which the trainer scores them
+        (greedy rollouts are scored at 1)."""
+        return self.sampling.temperature if self.sampling.temperature > 0 else 1.0
 
     def rollout_seed(self, step: int) -> int:
         rank, _ = self._rank_world()
         return (self.seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**31 - 1)
 
-    def explore(self, batch: TaskBatch, engine: RolloutEngine, tokenizer) -> Exploration:
-        """Roll out ``batch`` with the engine's current weights (called inside training_step)."""
+    def rollout(self, batch: TaskBatch, phase: str) -> Exploration:
+        """The experience of one training step: demonstrations (``phase == "sft"``, all for the SFT
+        head) or the explorer's groups (``"rl"``), made with the engine's current weights. Marks the
+        batch consumed (the checkpointed cursor)."""
+        self.cursor = batch.step + 1
+        if phase == "sft":
+            return Exploration(groups=[], sft=self.demonstrations(batch))
+        spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.rollout_seed(batch.step))
-            return self.explorer.explore(batch.tasks, self.make_loop(engine, tokenizer), self.group_size, self.sampling)
+            return self.explorer.explore(batch.tasks, self.connected_loop, spec)
 
-    def evaluate(self, tasks: list[Task], engine: RolloutEngine, tokenizer, greedy: bool) -> list[Trajectory]:
+    def evaluate(self, tasks: list[Task], greedy: bool) -> list[Trajectory]:
         """One episode per task for validation, greedy or sampled."""
         params = SamplingParams(
             temperature=0.0 if greedy else self.val_sampling.temperature,
@@ -204,14 +243,14 @@ class RolloutDataModule(L.LightningDataModule):
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 17)
-            return self.make_loop(engine, tokenizer).run([EpisodeRequest(task=t) for t in tasks], params)
+            return self.connected_loop.run([EpisodeRequest(task=t) for t in tasks], params)
 
     # ---- demonstrations (SFT warm-start) ------------------------------------------------------
-    def demonstrations(self, batch: TaskBatch, engine: RolloutEngine, tokenizer) -> list[Trajectory]:
+    def demonstrations(self, batch: TaskBatch) -> list[Trajectory]:
         """Demonstration trajectories (origin ``demo``) for the SFT warm-start phase."""
         if self.demos.source == "suite":
-            return self._suite_demonstrations(batch, self.make_loop(engine, tokenizer))
-        return self._file_demonstrations(batch, tokenizer)
+            return self._suite_demonstrations(batch, self.connected_loop)
+        return self._file_demonstrations(batch, self.tokenizer)
 
     def _demo_tasks(self, batch: TaskBatch) -> list[Task]:
         n = self.demos.tasks_per_step
@@ -232,11 +271,9 @@ class RolloutDataModule(L.LightningDataModule):
             )
         demos = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], actions)
         if self.demos.reflections:
-            if not isinstance(self.explorer, ReflectRetryExplorer):
-                raise ValueError("data.demos.reflections needs data.explorer to be a ReflectRetryExplorer")
             rng = random.Random(self.rollout_seed(batch.step))
             n = self.demos.reflection_tasks_per_step
-            demos += scripted_reflection_samples(loop, self.explorer, tasks[:n] if n > 0 else tasks, rng)
+            demos += scripted_reflection_samples(loop, self.reflector, tasks[:n] if n > 0 else tasks, rng)
         return demos
 
     def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:
@@ -317,3 +354,8 @@ def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int =
             if result.done:
                 break
     return texts
+
+
+def has_diagnostician(suite: TaskSuite) -> bool:
+    """Whether ``suite`` overrides ``TaskSuite.diagnose`` (procedural worlds write scripted reflections)."""
+    return type(suite).diagnose is not TaskSuite.diagnose

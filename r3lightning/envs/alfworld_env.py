@@ -1,4 +1,4 @@
-"""ALFWorld household tasks (text-only, TextWorld engine) as a ``TaskSuite`` (DESIGN.md §8).
+"""ALFWorld household tasks (text-only, TextWorld engine) as a ``TaskSuite`` (docs/environments.md).
 
 ALFWorld's games are PDDL problems played by TextWorld's PDDL engine (``textworld[pddl]``, the
 ``fast-downward-textworld`` planner). Each game is a ``game.tw-pddl`` JSON file holding the PDDL domain,
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from r3lightning.envs.base import StepResult, Task, TaskSuite
-from r3lightning.envs.textworld_env import (
+from r3lightning.envs.common import (
     SimulatorPool,
     attach_lease,
     close_simulator,

@@ -1,4 +1,4 @@
-"""The environment protocol every task speaks (DESIGN.md §8).
+"""The environment protocol every task speaks (docs/environments.md).
 
 ``reset(task) -> observation`` and ``step(action) -> StepResult``. ``StepResult.info["feedback"]``
 carries the natural-language feedback that reflection reads; ``info["admissible_actions"]`` lists

@@ -1,4 +1,4 @@
-"""ScienceWorld (the ``scienceworld`` package) as a ``TaskSuite`` (DESIGN.md §8).
+"""ScienceWorld (the ``scienceworld`` package) as a ``TaskSuite`` (docs/environments.md).
 
 ScienceWorld is a Scala simulator of elementary-school science tasks (30 tasks, e.g. ``boil``,
 ``find-living-thing``, ``test-conductivity``), each with numbered variations that the package splits
@@ -38,7 +38,7 @@ from functools import cached_property
 from typing import Any, Literal, Optional
 
 from r3lightning.envs.base import StepResult, Task, TaskSuite
-from r3lightning.envs.textworld_env import SimulatorPool, attach_lease, finite_index, import_optional, valid_actions_line
+from r3lightning.envs.common import SimulatorPool, attach_lease, finite_index, import_optional, valid_actions_line
 
 JAVA_HINT = (
     "ScienceWorld runs in a Java virtual machine, but no `java` executable was found on PATH. "

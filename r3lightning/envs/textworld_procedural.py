@@ -1,4 +1,4 @@
-"""An offline, deterministic, ALFWorld-like household text world (DESIGN.md §8).
+"""An offline, deterministic, ALFWorld-like household text world (docs/environments.md).
 
 Every task is "put the <object> in/on the <receptacle>". Worlds are generated from an integer seed and
 a difficulty level, in pure Python, so tasks cost microseconds and replay exactly.
@@ -47,15 +47,14 @@ distinct).
 
 from __future__ import annotations
 
-import hashlib
 import random
-import re
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any, Optional
 
 from r3lightning.envs.base import StepResult, Task, TaskSuite
+from r3lightning.envs.common import normalize_command, split_seed
 
 ROOM_NAMES = ("kitchen", "bedroom", "bathroom", "hallway", "office", "garage", "pantry", "study")
 SURFACE_NAMES = ("table", "counter", "shelf", "desk", "bed", "sofa", "bench")
@@ -68,7 +67,6 @@ KEY = "key"
 INVENTORY = "inventory"
 OPEN, CLOSED, LOCKED = "open", "closed", "locked"
 INFO_VERBS = ("look", "inventory", "examine")
-ACTION_TAG = re.compile(r"<action>(.*?)</action>", flags=re.DOTALL | re.IGNORECASE)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent in a household text world. Complete the task in as few actions as possible. "
@@ -209,12 +207,6 @@ class Outcome:
 # Generation
 
 
-def derive_seed(suite_seed: int, split: str, index: int) -> int:
-    """Generation seed of task ``index`` of ``split``: even for "train", odd for "val" (disjoint splits)."""
-    digest = hashlib.sha256(f"{suite_seed}:{split}:{index}".encode()).digest()
-    return 2 * int.from_bytes(digest[:7], "big") + (0 if split == "train" else 1)
-
-
 @lru_cache(maxsize=4096)
 def generate_world(seed: int, difficulty: int) -> World:
     """The world of generation seed ``seed`` at ``difficulty`` (a pure function, memoized)."""
@@ -278,14 +270,6 @@ def _pick_goal_receptacles(
 
 # ---------------------------------------------------------------------------------------------------
 # Transitions
-
-
-def normalize_command(text: str) -> str:
-    """The command in a response: the first ``<action>`` block if any (as the agent loop parses it),
-    lowercased, spaces collapsed, without a trailing period."""
-    found = ACTION_TAG.search(text)
-    command = found.group(1) if found else text
-    return " ".join(command.lower().split()).rstrip(".")
 
 
 def apply_action(world: World, state: State, command: str) -> Outcome:
@@ -766,7 +750,7 @@ class ProceduralWorldSuite(TaskSuite):
     def train_task(self, index: int) -> Task:
         if index < 0:
             raise ValueError(f"train_task index must be >= 0, got {index}")
-        return make_task(derive_seed(self.seed, "train", index), self.difficulty, self.goal_reminder)
+        return make_task(split_seed(self.seed, "train", index, bits=56), self.difficulty, self.goal_reminder)
 
     def val_tasks(self) -> list[Task]:
         return list(self._val_task_list)
@@ -784,6 +768,6 @@ class ProceduralWorldSuite(TaskSuite):
     @cached_property
     def _val_task_list(self) -> list[Task]:
         return [
-            make_task(derive_seed(self.seed, "val", i), self.difficulty, self.goal_reminder)
+            make_task(split_seed(self.seed, "val", i, bits=56), self.difficulty, self.goal_reminder)
             for i in range(self.num_val_tasks)
         ]

@@ -16,7 +16,7 @@ from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
 from r3lightning.envs.safety import CallTimeout, call_with_timeout
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
-from r3lightning.types import Trajectory, Turn, message_count
+from r3lightning.types import GuidedTurn, Trajectory, Turn, message_count
 
 INVALID_FORMAT_FEEDBACK = "Invalid action format. Reply with exactly one action inside {open}...{close}."
 
@@ -77,6 +77,7 @@ class EpisodeRequest:
     guidance: Optional[str] = None
     response_prefix: list[Turn] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    """Diagnostics copied into the trajectory's ``info`` (never read to decide anything)."""
 
 
 @dataclass
@@ -95,7 +96,9 @@ class _Episode:
     invalid_actions: int = 0
     rejected_actions: int = 0
     unguided_context: Optional[list[int]] = None
+    guided_turn: Optional[GuidedTurn] = None
     pending_observation: str = ""
+    env_error: str = ""
 
 
 def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
@@ -123,10 +126,9 @@ def render_action(action: str, config: AgentLoopConfig) -> str:
 class AgentLoop:
     """Plays batches of episodes of ``suite`` with ``engine``.
 
-    Trajectories carry ``info['end_reason']`` (``done``, ``max_turns``, ``context_limit``,
-    ``invalid_action``, ``env_error``, ``length``), ``info['invalid_actions']`` and, for guided
-    episodes, ``info['unguided_context']`` — (turn index, the context tokens that turn would have
-    had without guidance), so context distillation swaps exactly those tokens and nothing else.
+    Trajectories carry why they ended (``end_reason``), their malformed and rejected action counts
+    and, for guided episodes, the ``guided_turn`` (its index and the context tokens it would have had
+    without guidance), so context distillation swaps exactly those tokens and nothing else.
     """
 
     def __init__(self, suite: TaskSuite, engine: RolloutEngine, tokenizer, config: AgentLoopConfig | None = None) -> None:
@@ -238,7 +240,7 @@ class AgentLoop:
             result = call_with_timeout(ep.env.step, action, timeout_s=self.config.step_timeout_s)
         except (CallTimeout, Exception) as err:
             ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "env_error", True, 0.0
-            ep.request.info["env_error"] = f"{type(err).__name__}: {err}"
+            ep.env_error = f"{type(err).__name__}: {err}"
             return None
         ep.rejected_actions += int(bool(result.info.get("invalid_action")))
         return result
@@ -273,7 +275,7 @@ class AgentLoop:
                 observation="" if started else ep.pending_observation,
             )
             if ep.unguided_context is not None:
-                ep.request.info["unguided_context"] = (len(ep.turns), ep.unguided_context)
+                ep.guided_turn = GuidedTurn(len(ep.turns), ep.unguided_context)
                 ep.unguided_context = None
             ep.turns.extend(started)
             ep.turns.append(turn)
@@ -333,8 +335,6 @@ class AgentLoop:
         return ids
 
     def _finish(self, ep: _Episode) -> Trajectory:
-        info = dict(ep.request.info)
-        info.update(end_reason=ep.end_reason, invalid_actions=ep.invalid_actions, rejected_actions=ep.rejected_actions)
         penalty = self.config.invalid_action_penalty * (ep.invalid_actions + ep.rejected_actions)
         return Trajectory(
             task_id=ep.request.task.task_id,
@@ -345,6 +345,11 @@ class AgentLoop:
             origin=ep.request.origin,
             model_version=self.engine.weight_version,
             reward_error=ep.reward_error,
-            info=info,
+            info=dict(ep.request.info),
+            end_reason=ep.end_reason,
+            invalid_actions=ep.invalid_actions,
+            rejected_actions=ep.rejected_actions,
+            guided_turn=ep.guided_turn,
+            env_error=ep.env_error,
         )
 

@@ -1,6 +1,6 @@
 """Critique-GRPO exploration: critique each failed sample, refine from scratch, add the best refinement.
 
-Zhang et al., arXiv 2506.03106 (DESIGN.md §4, explorer ``critique_refine``). Per task:
+Zhang et al., arXiv 2506.03106 (explorer ``critique_refine``). Per task:
 ``group_size - num_refinements`` initial samples; the same policy writes a free-text critique of
 each failed one from its transcript and the environment's feedback; a refinement episode then starts
 from scratch with the previous attempt and its critique shown in the first turn. The best
@@ -15,16 +15,10 @@ from __future__ import annotations
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import Exploration
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits
 from r3lightning.rollout.reflect_from_scratch import distill_from_scratch, failed, usable_retry
-from r3lightning.rollout.reflect_retry import (
-    ask_policy,
-    load_template,
-    outcome_text,
-    retry_is_better,
-    step_lines,
-    transcript,
-)
+from r3lightning.rollout.reflect_retry import retry_is_better
+from r3lightning.rollout.reflection import ask_policy, load_template, outcome_text, step_lines, transcript
 from r3lightning.types import Group, Trajectory
 
 
@@ -42,7 +36,6 @@ class CritiqueRefineExplorer:
             ``group_size - num_refinements`` members are initial samples. Must be below group_size.
         critique_temperature: sampling temperature of critiques.
         max_critique_tokens: generation budget of one critique.
-        max_reward: reward at or above which an initial sample counts as solved (not critiqued).
         critique_template: path of a critique prompt template with ``{transcript}`` (the task, then
             each step's action and feedback) and ``{outcome}`` fields; empty for the built-in one.
         refinement_template: path of the template of what a refinement sees with its first
@@ -50,12 +43,13 @@ class CritiqueRefineExplorer:
             ``{critique}`` fields; empty for the built-in one.
     """
 
+    traits = ExplorerTraits(off_policy_samples=True)
+
     def __init__(
         self,
         num_refinements: int = 1,
         critique_temperature: float = 1.0,
         max_critique_tokens: int = 192,
-        max_reward: float = 1.0,
         critique_template: str = "",
         refinement_template: str = "",
     ) -> None:
@@ -64,7 +58,6 @@ class CritiqueRefineExplorer:
         self.num_refinements = num_refinements
         self.critique_temperature = critique_temperature
         self.max_critique_tokens = max_critique_tokens
-        self.max_reward = max_reward
         self.critique_template = load_template(critique_template, "critique.txt")
         self.refinement_template = load_template(refinement_template, "refinement.txt")
 
@@ -90,14 +83,15 @@ class CritiqueRefineExplorer:
         _, generations = ask_policy(loop, [self.critique_prompt(t) for t in trajectories], critique_params)
         return [loop.tokenizer.decode(g.token_ids, skip_special_tokens=True).strip() for g in generations]
 
-    def explore(self, tasks: list[Task], loop: AgentLoop, group_size: int, params: SamplingParams) -> Exploration:
+    def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
+        group_size, params, max_reward = spec.group_size, spec.sampling, spec.max_reward
         if self.num_refinements >= group_size:
             raise ValueError(
                 f"CritiqueRefineExplorer: num_refinements ({self.num_refinements}) must be below data.group_size ({group_size})"
             )
         n_initial = group_size - self.num_refinements
         initial = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(n_initial)], params)
-        critiqued = [i for i, traj in enumerate(initial) if failed(traj, self.max_reward)]
+        critiqued = [i for i, traj in enumerate(initial) if failed(traj, max_reward)]
         critiques = self.critique(loop, [initial[i] for i in critiqued], params)
         refined = [(i, c) for i, c in zip(critiqued, critiques) if c]
         requests = [
@@ -124,7 +118,7 @@ class CritiqueRefineExplorer:
             "empty": len(critiques) - len(refined),
             "refinements": len(refinements),
             "unusable": len(refinements) - len(usable),
-            "improved": sum(retry_is_better(initial[i], r, self.max_reward) for i, r in usable),
+            "improved": sum(retry_is_better(initial[i], r, max_reward) for i, r in usable),
             "slots": len(tasks) * self.num_refinements,
             "filled": len(fill_tasks),
         }

@@ -12,6 +12,41 @@ from r3lightning.types import Group, Trajectory
 
 
 @dataclass
+class ExplorationSpec:
+    """What every explorer is asked for, the same for all of them.
+
+    group_size: rollout budget per task (N in the papers).
+    sampling: sampling parameters of the episodes.
+    max_reward: the reward of a full success (``data.max_reward``): at or above it a sample is solved
+        (no reflection or critique, the meta-task rule).
+    """
+
+    group_size: int
+    sampling: SamplingParams
+    max_reward: float = 1.0
+
+
+@dataclass(frozen=True)
+class ExplorerTraits:
+    """What an explorer's output can contain; the datamodule checks objective knobs against it, so a
+    knob that would silently do nothing is refused (docs/configuration.md, "Valid combinations").
+
+    sets_pivots: some trajectories carry a pivot (pivotal credit has something to mask).
+    sft_samples: it hands samples to the SFT head during RL (meta-tasks).
+    off_policy_samples: some trajectories have origin ``off_policy`` (Critique-GRPO's shaping loss).
+    distilled_samples: some trajectories were sampled under guidance and are trained without it, so
+        their behaviour log-probs belong to another context.
+    reflects: it writes R³L reflections (the scripted reflection warm-start needs its templates).
+    """
+
+    sets_pivots: bool = False
+    sft_samples: bool = False
+    off_policy_samples: bool = False
+    distilled_samples: bool = False
+    reflects: bool = False
+
+
+@dataclass
 class Exploration:
     """What one exploration step produced.
 
@@ -30,8 +65,12 @@ class Exploration:
 
 
 class Explorer(Protocol):
-    def explore(self, tasks: list[Task], loop: AgentLoop, group_size: int, params: SamplingParams) -> Exploration:
-        """Run episodes for ``tasks``; ``group_size`` is the rollout budget per task."""
+    @property
+    def traits(self) -> ExplorerTraits:
+        """What this explorer's output can contain."""
+
+    def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
+        """Run episodes for ``tasks`` within ``spec.group_size`` episodes per task."""
 
 
 def groups_in_order(tasks: list[Task], trajectories: list[Trajectory], group_size: int) -> list[Group]:
@@ -48,9 +87,16 @@ def groups_in_order(tasks: list[Task], trajectories: list[Trajectory], group_siz
     ]
 
 
+def sample_groups(tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> list[Group]:
+    """``spec.group_size`` independent episodes per task, in one ``loop.run``."""
+    requests = [EpisodeRequest(task=task) for task in tasks for _ in range(spec.group_size)]
+    return groups_in_order(tasks, loop.run(requests, spec.sampling), spec.group_size)
+
+
 class SampleExplorer:
     """``group_size`` independent episodes per task from the behaviour policy (GRPO and friends)."""
 
-    def explore(self, tasks: list[Task], loop: AgentLoop, group_size: int, params: SamplingParams) -> Exploration:
-        requests = [EpisodeRequest(task=task) for task in tasks for _ in range(group_size)]
-        return Exploration(groups=groups_in_order(tasks, loop.run(requests, params), group_size))
+    traits = ExplorerTraits()
+
+    def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
+        return Exploration(groups=sample_groups(tasks, loop, spec))

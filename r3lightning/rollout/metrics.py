@@ -1,4 +1,4 @@
-"""Rollout and batch statistics under the metric names of DESIGN.md §10."""
+"""Rollout and batch statistics under the metric names of docs/monitoring.md."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def trajectory_metrics(groups: list[Group], success_threshold: float = 1.0) -> dict[str, float]:
+def trajectory_metrics(groups: list[Group]) -> dict[str, float]:
     """reward/*, rollout/* and train/zero_variance_group_rate for a list of RL groups."""
     trajectories = [t for g in groups for t in g.trajectories]
     if not trajectories:
@@ -30,12 +30,12 @@ def trajectory_metrics(groups: list[Group], success_threshold: float = 1.0) -> d
         "rollout/num_turns": _mean([float(t.num_messages) for t in trajectories]),
         "rollout/truncated_rate": _mean([float(t.truncated) for t in trajectories]),
         "rollout/invalid_action_rate": _mean(
-            [t.info.get("invalid_actions", 0) / max(t.num_messages, 1) for t in trajectories]
+            [t.invalid_actions / max(t.num_messages, 1) for t in trajectories]
         ),
-        "rollout/env_error_rate": _mean([float(t.info.get("end_reason") == "env_error") for t in trajectories]),
+        "rollout/env_error_rate": _mean([float(t.end_reason == "env_error") for t in trajectories]),
         # Episodes whose first prompt did not fit in agent.max_context_tokens (no turn was played).
         "rollout/prompt_too_long_rate": _mean(
-            [float(not t.turns and t.info.get("end_reason") == "context_limit") for t in trajectories]
+            [float(not t.turns and t.end_reason == "context_limit") for t in trajectories]
         ),
     }
     by_origin: dict[str, list[float]] = defaultdict(list)

@@ -1,7 +1,7 @@
 """Reflect-GRPO exploration: reflect on each failed trajectory, retry it from scratch, distill the retry.
 
-The baseline of the R³L paper (DESIGN.md §4, explorer ``reflect_from_scratch``). Per task:
-``group_size // 2`` base trajectories; each failed one (reward below ``max_reward``) gets an R³L
+The baseline of the R³L paper (explorer ``reflect_from_scratch``). Per task:
+``group_size // 2`` base trajectories; each failed one (reward below ``data.max_reward``) gets an R³L
 reflection from the same policy (same prompt, parser and guidance as ``reflect_retry``); a valid
 reflection triggers a retry in a fresh environment with the guidance shown from the first turn; the
 retry with its guidance removed joins the group as a ``distilled`` trajectory. Unlike R³L there is no
@@ -14,9 +14,9 @@ import dataclasses
 
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import Exploration
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill, retry_is_better
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits
+from r3lightning.rollout.reflect_retry import distill, retry_is_better
+from r3lightning.rollout.reflection import Reflector, load_template
 from r3lightning.types import Group, Trajectory
 
 
@@ -30,7 +30,7 @@ def distill_from_scratch(retry: Trajectory, origin: str) -> Trajectory:
 def usable_retry(retry: Trajectory) -> bool:
     """A guided episode can join a group when its reward is sound and its guided first turn was
     played (a prompt that does not fit the context ends the episode before any turn)."""
-    return not retry.reward_error and "unguided_context" in retry.info
+    return not retry.reward_error and retry.guided_turn is not None
 
 
 def failed(trajectory: Trajectory, max_reward: float) -> bool:
@@ -38,7 +38,7 @@ def failed(trajectory: Trajectory, max_reward: float) -> bool:
     return trajectory.reward < max_reward and not trajectory.reward_error
 
 
-class ReflectFromScratchExplorer(ReflectRetryExplorer):
+class ReflectFromScratchExplorer:
     """Reflect-GRPO's exploration (``reflect_from_scratch``): R³L's reflections, retries from scratch.
 
     The reflection's ``trajectory_outcome`` and ``retry_from_step`` are parsed and validated as in
@@ -48,42 +48,44 @@ class ReflectFromScratchExplorer(ReflectRetryExplorer):
     Args:
         reflection_temperature: sampling temperature of reflections.
         max_reflection_tokens: generation budget of one reflection.
-        max_reward: reward at or above which a base trajectory counts as solved (not reflected on).
         reflection_template: path of a reflection prompt template with ``{transcript}`` and
             ``{outcome}`` fields; empty for R³L's built-in one.
         guidance_template: path of a guidance template with the reflection's field names; empty for
             R³L's built-in one.
     """
 
+    traits = ExplorerTraits(distilled_samples=True, reflects=True)
+
     def __init__(
         self,
         reflection_temperature: float = 1.0,
         max_reflection_tokens: int = 192,
-        max_reward: float = 1.0,
         reflection_template: str = "",
         guidance_template: str = "",
     ) -> None:
-        super().__init__(
-            retry=True,
-            reflection_temperature=reflection_temperature,
-            max_reflection_tokens=max_reflection_tokens,
-            meta_tasks=False,
-            max_reward=max_reward,
-            reflection_template=reflection_template,
-            guidance_template=guidance_template,
+        self.reflector = Reflector(
+            reflection_temperature,
+            max_reflection_tokens,
+            load_template(reflection_template, "reflection.txt"),
+            load_template(guidance_template, "guidance.txt"),
         )
 
-    def explore(self, tasks: list[Task], loop: AgentLoop, group_size: int, params: SamplingParams) -> Exploration:
-        n_base = max(1, group_size // 2)
+    def tokenizer_corpus(self, suite) -> list[str]:
+        """The reflector's templates, for a tokenizer trained in memory."""
+        return [self.reflector.reflection_template, self.reflector.guidance_template]
+
+    def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
+        params, max_reward = spec.sampling, spec.max_reward
+        n_base = max(1, spec.group_size // 2)
         base = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(n_base)], params)
-        reflected = [i for i, traj in enumerate(base) if failed(traj, self.max_reward)]
-        _, _, parsed = self.reflect(loop, [base[i] for i in reflected], [tasks[i // n_base] for i in reflected], params)
+        reflected = [i for i, traj in enumerate(base) if failed(traj, max_reward)]
+        parsed = self.reflector.reflect(loop, [base[i] for i in reflected], [tasks[i // n_base] for i in reflected], params).parsed
         valid = [(i, reflection) for i, (reflection, _) in zip(reflected, parsed) if reflection is not None]
         retry_of = [i for i, _ in valid]
-        requests = [EpisodeRequest(task=tasks[i // n_base], guidance=self.guidance(r)) for i, r in valid]
+        requests = [EpisodeRequest(task=tasks[i // n_base], guidance=self.reflector.guidance(r)) for i, r in valid]
         retries = loop.run(requests, params)
         distilled = {i: distill_from_scratch(r, "distilled") for i, r in zip(retry_of, retries) if usable_retry(r)}
-        improved = sum(retry_is_better(base[i], r, self.max_reward) for i, r in zip(retry_of, retries) if i in distilled)
+        improved = sum(retry_is_better(base[i], r, max_reward) for i, r in zip(retry_of, retries) if i in distilled)
         groups = []
         for ti, task in enumerate(tasks):
             members = []

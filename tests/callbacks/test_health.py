@@ -7,11 +7,13 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks.health import BAD_STEPS_CHECKPOINT, EXCEPTION_CHECKPOINT, HealthWatchdog
+from r3lightning.callbacks.health import BAD_STEPS_CHECKPOINT, EXCEPTION_CHECKPOINT, HealthWatchdog
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import ModelConfig, TinyModelSpec
-from r3lightning.module import AlgorithmConfig, OptimConfig, R3LightningModule
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.engine import SamplingParams
 

@@ -9,15 +9,12 @@ import torch
 from digit_suite import DigitSuite
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor, pick_samples
+from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor, pick_samples
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.models import ModelConfig, TinyModelSpec
-from r3lightning.module import (
-    AlgorithmConfig,
-    OptimConfig,
-    PhaseConfig,
-    R3LightningModule,
-)
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.types import Trajectory, Turn
@@ -106,7 +103,7 @@ def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
         assert row["origin"] == ("demo" if row["step"] == 1 else "base") and row["turns"] and "Say a number" in row["turns"][0]["context"]
         assert row["turns"][0]["context"].startswith("<|im_start|>system")
         assert set(row) >= {"task_id", "reward", "success", "truncated", "pivot", "info", "model_version"}
-        assert row["info"]["end_reason"] in ("done", "length", "context_limit")
+        assert row["end_reason"] in ("done", "length", "context_limit")
 
 
 def test_sample_logger_writes_nothing_without_a_logger(tmp_path, monkeypatch):
@@ -128,9 +125,9 @@ def test_pick_samples_round_robin_over_origins_and_info_text():
 
     traj = Trajectory(
         "t", [Turn([1, 2], [3], feedback="Incorrect.")], reward=0.5, pivot=0, origin="distilled",
-        info={"reflection": {"outcome": "failure", "analysis": "x" * 50}, "unguided_context": (0, [1, 2]), "guidance": "do y"},
+        info={"reflection": {"outcome": "failure", "analysis": "x" * 50}, "token_ids": [1, 2], "guidance": "do y"},
     )
     record = RolloutSampleLogger(max_chars=20).record(traj, Tok(), step=7)
     assert record["turns"][0] == {"context": "1 2", "response": "3", "action": "", "feedback": "Incorrect.", "response_tokens": 1, "trainable": True}
-    assert record["pivot"] == 0 and record["info"]["guidance"] == "do y" and "unguided_context" not in record["info"]
+    assert record["pivot"] == 0 and record["info"]["guidance"] == "do y" and "token_ids" not in record["info"]
     assert "characters cut" in record["info"]["reflection"]["analysis"]

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from callbacks.phase_report import PhaseReport
+from r3lightning.callbacks.phase_report import PhaseReport
 
 
 def _trainer(tmp_path, step, metrics):

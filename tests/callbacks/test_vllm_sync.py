@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from callbacks.vllm_sync import LogprobMismatchError, VLLMWeightSync
+from r3lightning.callbacks.vllm_sync import LogprobMismatchError, VLLMWeightSync
 from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engines import EngineConfig, build_engine
+from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.hf_engine import HFEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
-        from callbacks.vllm_sync import fsdp_root_unsharded, trainer_logprobs
+        from r3lightning.callbacks.vllm_sync import fsdp_root_unsharded, trainer_logprobs
         from r3lightning.models import tokenizer_from_json
 
         tokenizer = tokenizer_from_json(tokenizer_json)

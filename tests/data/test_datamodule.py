@@ -126,7 +126,8 @@ def test_reflection_demos_limited_to_reflection_tasks_per_step():
     )
     tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=512)
     engine = HFEngine(build_tiny_model(TinyModelSpec(vocab_size=512), tokenizer), tokenizer)
-    demos = dm.demonstrations(TaskBatch(step=0, tasks=[suite.train_task(0), suite.train_task(1)]), engine, tokenizer)
+    dm.connect(engine, tokenizer)
+    demos = dm.demonstrations(TaskBatch(step=0, tasks=[suite.train_task(0), suite.train_task(1)]))
     origins = [d.origin for d in demos]
     assert origins.count("demo") == 4 and origins.count("reflect_sft") == 1 and origins.count("retry_sft") <= 1
     assert all(d.success for d in demos if d.origin == "demo")

@@ -201,7 +201,7 @@ def test_expert_succeeds_through_the_loop(suite, loop):
     played = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], demos)
     for traj, demo in zip(played, demos):
         assert traj.success and traj.reward == 1.0 and traj.actions == demo
-        assert traj.info["end_reason"] == "done"
+        assert traj.end_reason == "done"
 
 
 def test_random_model_plays_episodes_through_the_loop(suite, tokenizer, loop):
@@ -213,7 +213,7 @@ def test_random_model_plays_episodes_through_the_loop(suite, tokenizer, loop):
     for traj in trajectories:
         assert 1 <= len(traj.turns) <= suite.max_turns
         assert traj.reward in (0.0, 1.0) and traj.success == (traj.reward == 1.0)
-        assert traj.info["end_reason"] in {"done", "max_turns", "context_limit"}
+        assert traj.end_reason in {"done", "max_turns", "context_limit"}
     gc.collect()
     assert suite.pool.started <= 4 + 2  # one game per concurrent episode, reused afterwards
 

@@ -62,7 +62,7 @@ def test_gold_demonstration_succeeds_through_the_loop(suite, loop):
     played = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], demos)
     for traj, demo in zip(played, demos):
         assert traj.success and traj.reward == 1.0 and traj.actions == demo
-        assert traj.info["end_reason"] == "done"
+        assert traj.end_reason == "done"
     first = loop.tokenizer.decode(played[0].turns[0].context_ids)
     assert "Your task is to find a(n) living thing" in first and "This room is called" in first
 
@@ -117,7 +117,7 @@ def test_random_model_plays_episodes_through_the_loop(suite, tokenizer, loop):
     for traj in trajectories:
         assert 1 <= len(traj.turns) <= suite.max_turns
         assert 0.0 <= traj.reward <= 1.0 and traj.success == (traj.reward == 1.0)
-        assert traj.info["end_reason"] in {"done", "max_turns", "context_limit"}
+        assert traj.end_reason in {"done", "max_turns", "context_limit"}
 
 
 def test_simulators_are_pooled(suite, loop):

@@ -50,7 +50,7 @@ def test_random_model_plays_episodes_through_the_loop(suite, tokenizer, loop):
     for traj in trajectories:
         assert 1 <= len(traj.turns) <= suite.max_turns
         assert 0.0 <= traj.reward <= 1.0
-        assert traj.info["end_reason"] in {"done", "max_turns", "context_limit"}
+        assert traj.end_reason in {"done", "max_turns", "context_limit"}
         assert traj.success == (traj.reward == 1.0)
         assert "Valid actions:" in tokenizer.decode(traj.turns[0].context_ids)
 
@@ -63,7 +63,7 @@ def test_walkthrough_demonstrations_succeed_through_the_loop(suite, loop):
     for traj, demo in zip(played, demos):
         assert traj.success and traj.reward == 1.0
         assert traj.actions == demo
-        assert traj.info["end_reason"] == "done"
+        assert traj.end_reason == "done"
 
 
 def test_observations_rewards_and_info(suite):

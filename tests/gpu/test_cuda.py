@@ -10,7 +10,9 @@ from r3lightning.algos import selective_log_softmax
 from r3lightning.data.datamodule import DemoConfig, RolloutDataModule
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
 from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model
-from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams

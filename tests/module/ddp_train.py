@@ -21,17 +21,14 @@ import lightning as L  # noqa: E402
 from digit_suite import DigitSuite  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
-from callbacks.health import HealthWatchdog  # noqa: E402
-from callbacks.monitor import TrainingDynamicsMonitor  # noqa: E402
+from r3lightning.callbacks.health import HealthWatchdog  # noqa: E402
+from r3lightning.callbacks.monitor import TrainingDynamicsMonitor  # noqa: E402
 from r3lightning.data.datamodule import RolloutDataModule  # noqa: E402
 from r3lightning.envs.base import Task  # noqa: E402
 from r3lightning.models import ModelConfig, TinyModelSpec  # noqa: E402
-from r3lightning.module import (  # noqa: E402
-    AlgorithmConfig,
-    OptimConfig,
-    PhaseConfig,
-    R3LightningModule,
-)
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig  # noqa: E402
 from r3lightning.rollout.engine import SamplingParams  # noqa: E402
 

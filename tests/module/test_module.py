@@ -1,6 +1,5 @@
 """The LightningModule: on-policy rollouts, global token normalization, phases, learning signal."""
 
-import copy
 
 import lightning as L
 import pytest
@@ -9,10 +8,11 @@ import torch
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model
-from r3lightning.module import AlgorithmConfig, OptimConfig, PhaseConfig, R3LightningModule
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.types import Group
 
 SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 
@@ -168,20 +168,8 @@ def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):
     assert saved["RolloutDataModule"]["cursor"] == 4
 
 
-def test_reward_error_samples_are_masked():
-    module, dm = make()
-    t = trainer(1)
-    t.fit(module, dm)
-    groups = [Group("t", copy.deepcopy(module.last_trajectories[:4]))]
-    groups[0].trajectories[0].reward_error = True
-    groups[0].trajectories[0].reward = 1.0
-    experience, _ = module.build_experience(groups, [])
-    assert experience.loss_mask[0].sum() == 0
-    assert experience.loss_mask[1:].sum() > 0
-
-
 def test_scheduled_learning_rate_warm_up_then_phase_rates():
-    from r3lightning.module import scheduled_learning_rate
+    from r3lightning.optim import scheduled_learning_rate
 
     optim = OptimConfig(lr=0.1, sft_lr=1.0, warmup_steps=1)
     # Linear warm-up halves each phase's first step; the SFT rate holds until the warm-start's last
@@ -192,7 +180,7 @@ def test_scheduled_learning_rate_warm_up_then_phase_rates():
 
 
 def test_scheduled_learning_rate_cosine_decays_each_phase():
-    from r3lightning.module import scheduled_learning_rate
+    from r3lightning.optim import scheduled_learning_rate
 
     optim = OptimConfig(lr=1.0, sft_lr=2.0, warmup_steps=1, lr_decay="cosine", min_lr_ratio=0.1)
     # SFT steps 0-2: warm-up, then cos over (3 - 1) steps: 0.1 + 0.9 * (1 + cos(pi / 2)) / 2 = 0.55 at step 2.
@@ -222,7 +210,7 @@ def test_optimizer_state_reset_when_rl_starts(reset):
 
 
 def test_validations_during_sft_skipped_without_changing_training():
-    from callbacks.phase_report import PhaseReport
+    from r3lightning.callbacks.phase_report import PhaseReport
 
     runs = {}
     for validate_during_sft in (True, False):

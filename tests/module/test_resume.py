@@ -1,4 +1,4 @@
-"""Exact resume: 2N steps in one run == N steps + checkpoint + resume + N steps (DESIGN.md §11)."""
+"""Exact resume: 2N steps in one run == N steps + checkpoint + resume + N steps."""
 
 from types import SimpleNamespace
 
@@ -8,16 +8,13 @@ import torch
 from digit_suite import DigitSuite
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks.health import HealthWatchdog
-from callbacks.monitor import TrainingDynamicsMonitor
+from r3lightning.callbacks.health import HealthWatchdog
+from r3lightning.callbacks.monitor import TrainingDynamicsMonitor
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.models import ModelConfig, TinyModelSpec
-from r3lightning.module import (
-    AlgorithmConfig,
-    OptimConfig,
-    PhaseConfig,
-    R3LightningModule,
-)
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.engine import SamplingParams
 

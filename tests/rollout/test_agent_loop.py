@@ -99,7 +99,7 @@ def test_retry_from_prefix_shows_pivot_observation_once_with_guidance(world_suit
     pivot_context = world_tokenizer.decode(retry.turns[1].context_ids)
     assert pivot_context.count("Valid actions") == 1
     assert "Take the object first." in pivot_context
-    turn_index, unguided = retry.info["unguided_context"]
+    turn_index, unguided = retry.guided_turn.index, retry.guided_turn.unguided_context
     assert turn_index == 1
     assert "Take the object first." not in world_tokenizer.decode(unguided)
     assert world_tokenizer.decode(unguided) == world_tokenizer.decode(first.turns[1].context_ids)
@@ -111,21 +111,21 @@ def test_context_limit_truncates(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer, AgentLoopConfig(max_context_tokens=120))
     trajectories = loop.run([EpisodeRequest(task=world_suite.train_task(0))], SamplingParams(max_new_tokens=40))
     traj = trajectories[0]
-    assert traj.truncated and traj.info["end_reason"] == "context_limit"
+    assert traj.truncated and traj.end_reason == "context_limit"
     assert len(traj.token_ids()) <= 120
 
 
 def test_invalid_action_end_mode(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer, AgentLoopConfig(invalid_action="end"))
     traj = loop.run_scripted([EpisodeRequest(task=world_suite.train_task(0))], [[world_tokenizer("no tags")["input_ids"]]])[0]
-    assert traj.info["end_reason"] == "invalid_action" and traj.reward == 0.0 and len(traj.turns) == 1
+    assert traj.end_reason == "invalid_action" and traj.reward == 0.0 and len(traj.turns) == 1
 
 
 def test_invalid_action_feedback_mode_continues(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
     bad = world_tokenizer("no tags")["input_ids"]
     traj = loop.run_scripted([EpisodeRequest(task=world_suite.train_task(0))], [[bad] * 4])[0]
-    assert traj.info["invalid_actions"] == 4 and traj.info["end_reason"] == "max_turns"
+    assert traj.invalid_actions == 4 and traj.end_reason == "max_turns"
     assert "Invalid action format" in world_tokenizer.decode(traj.turns[1].context_ids)
 
 
@@ -141,7 +141,7 @@ def test_invalid_action_penalty_counts_malformed_and_rejected_actions(world_suit
     script = [malformed, rendered("take unicorn"), *(rendered(a) for a in world_suite.demonstration(task))]
     traj = loop.run_scripted([EpisodeRequest(task=task)], [script])[0]
     assert traj.success and traj.reward == pytest.approx(1.0 - 2 * 0.1)
-    assert traj.info["invalid_actions"] == 1 and traj.info["rejected_actions"] == 1
+    assert traj.invalid_actions == 1 and traj.rejected_actions == 1
     # A retry that replays both bad turns as its prefix pays for them too.
     retry = loop.run_scripted([EpisodeRequest(task=task, prefix=traj.turns[:2])], [script[2:]])[0]
     assert retry.success and retry.reward == pytest.approx(0.8)
@@ -180,7 +180,7 @@ def test_hanging_environment_step_is_cut_and_masked(world_tokenizer, world_polic
     start = time.perf_counter()
     traj = loop.run([EpisodeRequest(task=Task("t0", "question"))], SamplingParams(max_new_tokens=4))[0]
     assert time.perf_counter() - start < 10
-    assert traj.reward_error and traj.info["end_reason"] == "env_error" and traj.reward == 0.0
+    assert traj.reward_error and traj.end_reason == "env_error" and traj.reward == 0.0
 
 
 def test_math_with_attempts_is_a_multi_turn_episode(world_tokenizer, world_policy):

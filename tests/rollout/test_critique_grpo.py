@@ -12,6 +12,7 @@ import yaml
 from scripted_engine import ScriptedEngine
 
 from r3lightning import algos
+from r3lightning.rollout.explorers import ExplorationSpec
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
@@ -21,7 +22,9 @@ from r3lightning.models import (
     build_tiny_model,
     build_tokenizer,
 )
-from r3lightning.module import AlgorithmConfig, OptimConfig, R3LightningModule
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.critique_refine import CritiqueRefineExplorer, best_refinements
@@ -61,7 +64,7 @@ def world_player(suite, tasks, critiques, solved_on_base=(), look_first=()):
 def explore(suite, tokenizer, tasks, reply, group_size=4, config=None, **explorer_args):
     engine = ScriptedEngine(tokenizer, reply)
     loop = AgentLoop(suite, engine, tokenizer, config)
-    return CritiqueRefineExplorer(**explorer_args).explore(tasks, loop, group_size, SamplingParams()), engine
+    return CritiqueRefineExplorer(**explorer_args).explore(tasks, loop, ExplorationSpec(group_size, SamplingParams())), engine
 
 
 def test_group_keeps_its_size_with_one_off_policy_refinement(world_suite, world_tokenizer):
@@ -148,7 +151,7 @@ def test_too_many_refinement_slots_is_a_clear_error(world_suite, world_tokenizer
 def test_untrained_policy_output_is_counted_never_raised(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
     explorer = CritiqueRefineExplorer(max_critique_tokens=24)
-    out = explorer.explore([world_suite.train_task(0)], loop, 4, SamplingParams(max_new_tokens=6))
+    out = explorer.explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams(max_new_tokens=6)))
     origins = [t.origin for t in out.groups[0]]
     assert len(origins) == 4 and origins[:3] == ["base"] * 3 and origins[3] in ("base", "off_policy")
     assert out.metrics["rollout/refinement_fill_rate"] == float(origins[3] == "base")
@@ -167,7 +170,7 @@ def test_single_turn_math_refinement():
         return f"\\boxed{{{right if '[Guidance' in text else right + 1}}}"
 
     loop = AgentLoop(suite, ScriptedEngine(tokenizer, reply), tokenizer, AgentLoopConfig(action_format="raw"))
-    out = CritiqueRefineExplorer().explore(tasks, loop, 4, SamplingParams())
+    out = CritiqueRefineExplorer().explore(tasks, loop, ExplorationSpec(4, SamplingParams()))
     group = out.groups[0].trajectories
     assert [(t.origin, t.reward) for t in group] == [("base", 0.0)] * 3 + [("off_policy", 1.0)]
     assert group[3].turns[0].context_ids == ChatFormatter(tokenizer, suite.system_prompt).first_prompt(tasks[0].prompt)
@@ -190,7 +193,7 @@ class UseEngine(L.Callback):
         self.make_reply = make_reply
 
     def on_train_start(self, trainer, module):
-        module.engine = ScriptedEngine(module.tokenizer, self.make_reply(trainer.datamodule.suite))
+        module.use_engine(ScriptedEngine(module.tokenizer, self.make_reply(trainer.datamodule.suite)))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import yaml
 from scripted_engine import ScriptedEngine
 
 from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
+from r3lightning.rollout.explorers import ExplorationSpec
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import (
     ModelConfig,
@@ -18,7 +19,9 @@ from r3lightning.models import (
     build_tiny_model,
     build_tokenizer,
 )
-from r3lightning.module import AlgorithmConfig, OptimConfig, R3LightningModule
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.optim import OptimConfig
+from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams
@@ -57,7 +60,7 @@ def world_player(suite, tasks, reflections, solved_on_base=()):
 def explore(suite, tokenizer, tasks, reply, group_size=4, config=None):
     engine = ScriptedEngine(tokenizer, reply)
     loop = AgentLoop(suite, engine, tokenizer, config)
-    return ReflectFromScratchExplorer().explore(tasks, loop, group_size, SamplingParams()), engine
+    return ReflectFromScratchExplorer().explore(tasks, loop, ExplorationSpec(group_size, SamplingParams())), engine
 
 
 def test_failed_bases_retry_from_scratch_and_distill_without_guidance(world_suite, world_tokenizer):
@@ -75,7 +78,7 @@ def test_failed_bases_retry_from_scratch_and_distill_without_guidance(world_suit
             # and the first turn's context is the plain prompt the base saw.
             assert distilled.turns[0] is not base.turns[0] and distilled.actions[0] != "look"
             assert distilled.turns[0].context_ids == base.turns[0].context_ids
-            assert "unguided_context" not in distilled.info
+            assert distilled.guided_turn is None
     guided = [p for p in engine.prompts if "GUIDANCE-MARKER" in p]
     # Every retry was shown the guidance in its very first prompt (one user message, no earlier turn).
     assert sum(p.count("<|im_start|>user") == 1 for p in guided) == 4
@@ -130,7 +133,7 @@ def test_retry_whose_prompt_does_not_fit_is_counted(world_suite, world_tokenizer
 def test_untrained_policy_output_is_counted_never_raised(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
     explorer = ReflectFromScratchExplorer(max_reflection_tokens=24)
-    out = explorer.explore([world_suite.train_task(0)], loop, 4, SamplingParams(max_new_tokens=6))
+    out = explorer.explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams(max_new_tokens=6)))
     base = [t for t in out.groups[0] if t.origin == "base"]
     distilled = [t for t in out.groups[0] if t.origin == "distilled"]
     assert len(base) == 2 and len(distilled) <= 2
@@ -152,7 +155,7 @@ def test_single_turn_math_retry_from_scratch():
         return f"\\boxed{{{right if '[Guidance' in text else right + 1}}}"
 
     loop = AgentLoop(suite, ScriptedEngine(tokenizer, reply), tokenizer, AgentLoopConfig(action_format="raw"))
-    out = ReflectFromScratchExplorer().explore(tasks, loop, 2, SamplingParams())
+    out = ReflectFromScratchExplorer().explore(tasks, loop, ExplorationSpec(2, SamplingParams()))
     base, distilled = out.groups[0].trajectories
     assert (base.reward, distilled.reward, distilled.origin) == (0.0, 1.0, "distilled")
     assert distilled.turns[0].context_ids == ChatFormatter(tokenizer, suite.system_prompt).first_prompt(tasks[0].prompt)
@@ -176,7 +179,7 @@ class UseEngine(L.Callback):
         self.make_reply = make_reply
 
     def on_train_start(self, trainer, module):
-        module.engine = ScriptedEngine(module.tokenizer, self.make_reply(trainer.datamodule.suite))
+        module.use_engine(ScriptedEngine(module.tokenizer, self.make_reply(trainer.datamodule.suite)))
 
 
 def test_reflect_grpo_preset_trains_one_step(world_suite):

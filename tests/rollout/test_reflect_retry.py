@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from r3lightning.data.collate import collate_experience
+from r3lightning.rollout.explorers import ExplorationSpec
 from r3lightning.rollout.agent_loop import AgentLoop
 from r3lightning.rollout.engine import Generation, SamplingParams
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill, parse_reflection
+from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill
+from r3lightning.rollout.reflection import parse_reflection
 from r3lightning.rollout.hf_engine import HFEngine
 
 VALID = {
@@ -93,7 +95,7 @@ def test_explorer_retries_from_pivot_and_distills_without_guidance(world_suite, 
     engine = ScriptedReflectionEngine(world_tokenizer, reflection)
     loop = AgentLoop(world_suite, engine, world_tokenizer)
     tasks = [world_suite.train_task(0), world_suite.train_task(1)]
-    out = ReflectRetryExplorer().explore(tasks, loop, group_size=4, params=SamplingParams())
+    out = ReflectRetryExplorer().explore(tasks, loop, ExplorationSpec(4, SamplingParams()))
     assert [len(g) for g in out.groups] == [4, 4]  # 2 base + 2 distilled per task
     for group in out.groups:
         base = [t for t in group if t.origin == "base"]
@@ -116,7 +118,7 @@ def test_explorer_retries_from_pivot_and_distills_without_guidance(world_suite, 
 def test_pivotal_mask_on_base_distilled_pair(world_suite, world_tokenizer):
     reflection = json.dumps({**VALID, "retry_from_step": 2})
     loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, reflection), world_tokenizer)
-    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=2, params=SamplingParams())
+    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, ExplorationSpec(2, SamplingParams()))
     base, distilled = out.groups[0].trajectories
     batch = collate_experience([base, distilled], [1.0, 1.0], world_tokenizer.pad_token_id, pivotal_credit=True)
     for row in range(2):
@@ -128,7 +130,7 @@ def test_pivotal_mask_on_base_distilled_pair(world_suite, world_tokenizer):
 
 def test_invalid_reflection_means_no_retry_and_is_counted(world_suite, world_tokenizer):
     loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, "I have no idea"), world_tokenizer)
-    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=4, params=SamplingParams())
+    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams()))
     assert [t.origin for t in out.groups[0]] == ["base", "base"]
     assert out.metrics["rollout/reflection_invalid_rate"] == 1.0
     assert all(t.info["reflection"] == "I have no idea" and t.info["reflection_error"] == "no_json" for t in out.groups[0])
@@ -137,7 +139,7 @@ def test_invalid_reflection_means_no_retry_and_is_counted(world_suite, world_tok
 def test_success_reflection_means_no_retry(world_suite, world_tokenizer):
     reflection = json.dumps({**VALID, "trajectory_outcome": "success"})
     loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, reflection), world_tokenizer)
-    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, group_size=4, params=SamplingParams())
+    out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams()))
     assert all(t.origin == "base" for t in out.groups[0])
 
 
@@ -160,7 +162,7 @@ def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
             return "<action>look</action>"
 
     loop = AgentLoop(world_suite, ExpertOnRetry(world_tokenizer, ""), world_tokenizer)
-    out = ReflectRetryExplorer().explore([task], loop, group_size=2, params=SamplingParams())
+    out = ReflectRetryExplorer().explore([task], loop, ExplorationSpec(2, SamplingParams()))
     base, distilled = out.groups[0].trajectories
     assert not base.success and distilled.success
     assert out.metrics["rollout/retry_improvement_rate"] == 1.0
@@ -198,7 +200,7 @@ def test_suite_reflector_uses_the_diagnostician_and_teaches_its_reflections(worl
                 return "<action>look</action>"
 
         loop = AgentLoop(world_suite, FirstStepThenLook(world_tokenizer, ""), world_tokenizer)
-        out = ReflectRetryExplorer(reflector="suite").explore([task], loop, group_size=2, params=SamplingParams())
+        out = ReflectRetryExplorer(reflector="suite").explore([task], loop, ExplorationSpec(2, SamplingParams()))
         base, distilled = out.groups[0].trajectories
         diagnosis = world_suite.diagnose(task, base.actions, [t.feedback for t in base.turns])
         assert json.loads(base.info["reflection"]) == diagnosis and base.info["reflection_error"] == ""
@@ -215,11 +217,11 @@ def test_successes_judged_failures_retry_unless_gated_on_reward(world_suite, wor
     task = world_suite.train_task(0)
     wrong_verdict = json.dumps({**VALID, "trajectory_outcome": "failure", "retry_from_step": 0})
     loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, wrong_verdict, world_suite.demonstration(task)), world_tokenizer)
-    trusting = ReflectRetryExplorer().explore([task], loop, group_size=4, params=SamplingParams())
+    trusting = ReflectRetryExplorer().explore([task], loop, ExplorationSpec(4, SamplingParams()))
     assert all(t.success for t in trusting.groups[0])
     assert sorted(t.origin for t in trusting.groups[0]) == ["base", "base", "distilled", "distilled"]
     assert trusting.metrics["rollout/reflection_outcome_agreement"] == 0.0
-    gated = ReflectRetryExplorer(retry_below_max_reward_only=True).explore([task], loop, group_size=4, params=SamplingParams())
+    gated = ReflectRetryExplorer(retry_below_max_reward_only=True).explore([task], loop, ExplorationSpec(4, SamplingParams()))
     assert [t.origin for t in gated.groups[0]] == ["base", "base"]
     assert gated.metrics["rollout/retry_rate"] == 0.0
 
@@ -230,21 +232,21 @@ def test_refill_keeps_group_size_with_fresh_samples_where_no_retry_was_made(worl
     loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, wrong_verdict, world_suite.demonstration(task)), world_tokenizer)
     # The gate skips both retries (the expert's episodes succeed); refilling samples two fresh ones.
     out = ReflectRetryExplorer(retry_below_max_reward_only=True, refill_groups=True).explore(
-        [task], loop, group_size=4, params=SamplingParams()
+        [task], loop, ExplorationSpec(4, SamplingParams())
     )
     assert [t.origin for t in out.groups[0]] == ["base", "base", "base", "base"]
     assert all("reflection" in t.info for t in out.groups[0].trajectories[:2])
     assert not any("reflection" in t.info for t in out.groups[0].trajectories[2:])
     assert out.metrics["rollout/refill_rate"] == 0.5
     # With every retry made there is nothing to refill.
-    full = ReflectRetryExplorer(refill_groups=True).explore([task], loop, group_size=4, params=SamplingParams())
+    full = ReflectRetryExplorer(refill_groups=True).explore([task], loop, ExplorationSpec(4, SamplingParams()))
     assert sorted(t.origin for t in full.groups[0]) == ["base", "base", "distilled", "distilled"]
     assert full.metrics["rollout/refill_rate"] == 0.0
 
 
 def test_wo_reflect_ablation_is_plain_sampling(world_suite, world_tokenizer, world_policy):
     loop = AgentLoop(world_suite, HFEngine(world_policy, world_tokenizer), world_tokenizer)
-    out = ReflectRetryExplorer(retry=False).explore([world_suite.train_task(0)], loop, 4, SamplingParams(max_new_tokens=6))
+    out = ReflectRetryExplorer(retry=False).explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams(max_new_tokens=6)))
     assert len(out.groups[0]) == 4 and out.sft == []
 
 
@@ -262,12 +264,12 @@ def test_scripted_reflection_samples_reflect_on_whole_episodes(world_suite, worl
     the mistake (a failure uses every turn) or recovered by the expert (an inefficient success)."""
     import random
 
-    from r3lightning.rollout.reflect_retry import scripted_reflection_samples
+    from r3lightning.rollout.warmstart import scripted_reflection_samples
     from scripted_engine import ScriptedEngine
 
     loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
     tasks = [world_suite.train_task(i) for i in range(24)]
-    samples = scripted_reflection_samples(loop, ReflectRetryExplorer(), tasks, random.Random(0))
+    samples = scripted_reflection_samples(loop, ReflectRetryExplorer().reflector, tasks, random.Random(0))
     reflections = [json.loads(world_tokenizer.decode(s.turns[0].response_ids[:-1])) for s in samples if s.origin == "reflect_sft"]
     outcomes = {r["trajectory_outcome"] for r in reflections}
     assert {"failure", "success_but_inefficient"} <= outcomes

@@ -9,6 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from r3lightning.data.collate import collate_experience
+from r3lightning.rollout.explorers import ExplorationSpec
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
 from r3lightning.rollout.engine import Generation, SamplingParams
@@ -137,7 +138,7 @@ def test_step_level_retry_continues_from_the_first_k_steps(world_tokenizer):
     )
     _, loop = _math_loop(world_tokenizer, engine)
     explorer = ReflectRetryExplorer()
-    out = explorer.explore([task], loop, group_size=2, params=SamplingParams())
+    out = explorer.explore([task], loop, ExplorationSpec(2, SamplingParams()))
 
     base, distilled = out.groups[0].trajectories
     assert (base.origin, distilled.origin) == ("base", "distilled")
@@ -151,7 +152,7 @@ def test_step_level_retry_continues_from_the_first_k_steps(world_tokenizer):
 
     # One engine call for the retry: guided question, then the first k steps verbatim as the start of the answer.
     kept = [tok for t in base.turns[:2] for tok in t.response_ids]
-    guided = loop.config.guidance_template.format(observation=task.prompt, guidance=explorer.guidance(reflection))
+    guided = loop.config.guidance_template.format(observation=task.prompt, guidance=explorer.reflector.guidance(reflection))
     assert engine.prompts["continuation"] == [loop.chat.first_prompt(guided) + kept]
 
     # Distilled = original context (no guidance) + first k steps + continuation, both pivoted at k.
@@ -194,11 +195,11 @@ def test_step_split_off_retries_single_turn_from_scratch(world_tokenizer):
     engine = ScriptedMathEngine(world_tokenizer, base=base_text, reflection=json.dumps(reflection), continuation=retry_text)
     _, loop = _math_loop(world_tokenizer, engine)
     explorer = ReflectRetryExplorer(step_split="off")
-    out = explorer.explore([task], loop, 2, SamplingParams())
+    out = explorer.explore([task], loop, ExplorationSpec(2, SamplingParams()))
     base, distilled = out.groups[0].trajectories
     assert len(base.turns) == 1 and len(distilled.turns) == 1  # whole messages, no steps
     assert "Step 1:" not in world_tokenizer.decode(engine.prompts["reflection"][0])
-    guided = loop.config.guidance_template.format(observation=task.prompt, guidance=explorer.guidance(reflection))
+    guided = loop.config.guidance_template.format(observation=task.prompt, guidance=explorer.reflector.guidance(reflection))
     assert engine.prompts["continuation"] == [loop.chat.first_prompt(guided)]  # from scratch
     assert distilled.success and distilled.pivot == 0 and base.pivot is None
 
@@ -217,4 +218,4 @@ def test_response_prefix_is_continued_and_counts_toward_the_context_limit(world_
     assert traj.success and traj.turns[-1].action.startswith("First.\nSecond.\n")  # graded on the whole message
     loop.config.max_context_tokens = len(prompt) + len(kept)
     cut = loop.run_scripted([EpisodeRequest(task=task, response_prefix=steps)], [[ending]])[0]
-    assert cut.turns == [] and cut.info["end_reason"] == "context_limit"
+    assert cut.turns == [] and cut.end_reason == "context_limit"

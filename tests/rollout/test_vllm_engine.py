@@ -14,9 +14,9 @@ import torch
 
 from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engines import EngineConfig, build_engine
+from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.hf_engine import HFEngine
-from r3lightning.rollout.vllm_engine import iter_policy_weights, iter_weight_buckets
+from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
 
 SPEC = TinyModelSpec(hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 CORPUS = ["What is 12 + 30? The answer is \\boxed{42}.", "go north. take the key. open the door."] * 20

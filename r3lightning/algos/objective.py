@@ -1,0 +1,82 @@
+"""The RL objective as one typed config: a composition of orthogonal knobs (docs/algorithms.md).
+
+Every ``configs/algorithms/*.yaml`` preset sets every field in ``METHOD_FIELDS`` (and its explorer),
+so stacking a preset on any recipe gives exactly that method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL objective: a composition of orthogonal knobs (docs/algorithms.md).
+
+    Args:
+        advantage: group estimator: grpo | dr_grpo | rloo | opmd | reinforce | raft.
+        adv_eps: epsilon added to the group std (grpo).
+        positive_amplification: R³L positive amplification of positive advantages.
+        alpha: amplification factor.
+        max_reward_mode: value given to max-reward samples (reward >= ``data.max_reward``): ``alpha``
+            (paper) or ``one`` (reference code).
+        pivotal_credit: mask turns before each trajectory's pivot (R³L); off = trajectory-level credit.
+            Needs an explorer that sets pivots (``reflect_retry`` with retries).
+        policy_loss: pg (no ratio) | ppo_clip | gspo.
+        clip_eps_low: lower clip range of the ratio.
+        clip_eps_high: upper clip range of the ratio (> low is DAPO's clip-higher).
+        kl_coef: weight of the KL penalty to the frozen reference: the policy as RL starts (after the
+            SFT warm-start, if any). 0 disables the reference model.
+        kl_estimator: k1 | k2 | k3.
+        aggregation: token_mean | seq_mean_token_mean | seq_mean_token_sum.
+        sft_weight: weight of the SFT head's NLL during RL (meta-tasks, GNT reflections); the
+            warm-start's demonstrations always weigh 1.
+        sft_aggregation: token_mean (every SFT token weighs the same) | seq_mean_token_mean (every SFT
+            sample weighs the same, so a few long reflections do not drown many short action turns).
+        off_policy_gamma: γ of Critique-GRPO's policy shaping π/(π+γ) on off-policy refinements; null
+            unless the explorer makes off-policy samples (``critique_refine``), which need it.
+        recompute_old_logprobs: recompute behaviour log-probs with the trainer before updating (needed
+            for ratios when the engine's numerics differ from the trainer's, or for replayed samples).
+        update_epochs: passes over each batch (more than 1 makes the importance ratio move away from 1).
+        mask_truncated: give truncated samples no RL loss (overlong filtering).
+    """
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "opmd", "reinforce", "raft"] = "grpo"
+    adv_eps: float = 1e-6
+    positive_amplification: bool = False
+    alpha: float = 3.0
+    max_reward_mode: Literal["alpha", "one"] = "alpha"
+    pivotal_credit: bool = False
+    policy_loss: Literal["pg", "ppo_clip", "gspo"] = "ppo_clip"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    sft_weight: float = 1.0
+    sft_aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    off_policy_gamma: Optional[float] = None
+    recompute_old_logprobs: bool = False
+    update_epochs: int = 1
+    mask_truncated: bool = False
+
+
+METHOD_FIELDS: tuple[str, ...] = (
+    "advantage",
+    "positive_amplification",
+    "alpha",
+    "max_reward_mode",
+    "pivotal_credit",
+    "policy_loss",
+    "clip_eps_low",
+    "clip_eps_high",
+    "kl_coef",
+    "kl_estimator",
+    "aggregation",
+    "sft_weight",
+    "sft_aggregation",
+    "off_policy_gamma",
+)
+"""The fields that define a method; every preset sets all of them (tested). The others (``adv_eps``,
+``recompute_old_logprobs``, ``update_epochs``, ``mask_truncated``) are numerics a recipe may tune."""

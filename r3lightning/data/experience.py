@@ -1,0 +1,80 @@
+"""The one experience path: an exploration in, the ExperienceBatch a step trains on out.
+
+A pure function of its inputs (no Lightning, no model): rewards (after an optional shaping hook),
+group advantages of the RL trajectories (errored rewards excluded), positive amplification, the
+masks (pivotal credit, truncation, SFT rows) and padding. Every method goes through it; the SFT
+warm-start is an exploration with SFT samples only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from r3lightning import algos
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.data.collate import collate_experience
+from r3lightning.rollout.explorers import Exploration
+from r3lightning.types import ExperienceBatch, Group, Trajectory
+
+RewardShaping = Callable[[list[Group]], list[float]]
+"""Maps the RL groups to one shaped reward per trajectory (group-major order), e.g. a ranking bonus
+for failed samples. It sees the groups exactly as the explorer made them."""
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor, objective: AlgorithmConfig, max_reward: float
+) -> torch.Tensor:
+    """Per-trajectory advantages [N] from rewards [N], group ids [N] and a validity mask [N] (bool):
+    invalid samples (errored rewards) take no part in their group's statistics and get advantage 0."""
+    if rewards.numel() == 0:
+        return rewards
+    advantages = torch.zeros_like(rewards)
+    if valid.any():
+        advantages[valid] = algos.compute_advantages(
+            rewards[valid], group_index[valid], objective.advantage, eps=objective.adv_eps, success_threshold=max_reward
+        )
+    if objective.positive_amplification:
+        advantages = algos.positive_amplification(
+            advantages, rewards, objective.alpha, max_reward, objective.max_reward_mode
+        ) * valid
+    return advantages
+
+
+def make_experience(
+    exploration: Exploration,
+    objective: AlgorithmConfig,
+    max_reward: float,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    shape_rewards: Optional[RewardShaping] = None,
+) -> tuple[ExperienceBatch, list[Trajectory]]:
+    """(the padded batch, its trajectories in row order: the RL groups' members, then the SFT samples).
+
+    temperature: the sampling temperature the RL rows were drawn at (the trainer scores them under it).
+    shape_rewards: optional reward-shaping hook (``RewardShaping``); the advantages use its rewards.
+    """
+    groups = exploration.groups
+    rl = [t for g in groups for t in g.trajectories]
+    group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
+    raw = [t.reward for t in rl]
+    shaped = shape_rewards(groups) if shape_rewards is not None and rl else raw
+    if len(shaped) != len(rl):
+        raise ValueError(f"reward shaping returned {len(shaped)} rewards for {len(rl)} trajectories")
+    rewards = torch.tensor(shaped, dtype=torch.float32)
+    valid = torch.tensor([not t.reward_error for t in rl], dtype=torch.bool)
+    advantages = group_advantages(rewards, group_index, valid, objective, max_reward)
+    trajectories = rl + list(exploration.sft)
+    experience = collate_experience(
+        trajectories,
+        advantages.tolist() + [0.0] * len(exploration.sft),
+        pad_token_id,
+        pivotal_credit=objective.pivotal_credit,
+    )
+    if objective.mask_truncated:
+        truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool).unsqueeze(1)
+        experience.loss_mask = experience.loss_mask.masked_fill(truncated, 0.0)
+        experience.advantages = experience.advantages * experience.loss_mask
+    experience.temperature = temperature
+    return experience, trajectories

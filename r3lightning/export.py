@@ -1,0 +1,187 @@
+"""Export a training checkpoint as a Hugging Face model directory (``r3l export``).
+
+A Lightning checkpoint of :class:`~r3lightning.module.R3LightningModule` holds everything needed:
+
+- ``hyper_parameters["model"]``: the :class:`~r3lightning.models.ModelConfig` the policy was built
+  from (a tiny spec, or ``name_or_path``; LoRA rank and targets);
+- ``r3lightning["tokenizer_json"]``: the in-memory tokenizer of a tiny model (None for hub/local
+  models, whose tokenizer is loaded from ``name_or_path`` again) and its ``tokenizer_fingerprint``;
+- ``state_dict``: ``policy.*`` (the policy, with its LoRA adapters if any) and, with a KL penalty,
+  ``reference.*`` (the frozen reference, not exported).
+
+The policy is rebuilt from the config, its weights are loaded, and the directory gets what
+``AutoModelForCausalLM`` / ``AutoTokenizer`` / vLLM read: ``config.json``, ``model.safetensors``
+(LoRA merged by default), ``generation_config.json`` (end-of-turn and padding ids) and the tokenizer
+with its chat template. ``lora="adapter"`` writes the PEFT adapter instead, for a base model others
+can load (``name_or_path``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+from typing import Any, Literal, Optional
+
+import torch
+
+from r3lightning.models import (
+    ModelConfig,
+    apply_lora,
+    build_tiny_model,
+    load_pretrained,
+    tokenizer_fingerprint,
+    tokenizer_from_json,
+)
+
+LoraExport = Literal["merged", "adapter"]
+
+
+def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
+    """The checkpoint at ``ckpt_path``, loaded on CPU with torch's safe (``weights_only``) unpickler.
+
+    Memory-mapped, so the optimizer states it also holds are never read into memory.
+    Raises ValueError naming the file when it is missing or not an r3lightning checkpoint.
+    """
+    # Importing the module registers its config dataclasses (the hyper-parameters) with the safe loader.
+    import r3lightning.module  # noqa: F401
+
+    if os.path.isdir(ckpt_path):
+        raise ValueError(
+            f"checkpoint {ckpt_path!r} is a directory (a sharded FSDP checkpoint?); consolidate it into one "
+            "file first (python -m lightning.pytorch.utilities.consolidate_checkpoint)"
+        )
+    if not os.path.isfile(ckpt_path):
+        raise ValueError(f"checkpoint {ckpt_path!r}: no such file")
+    try:
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"checkpoint {ckpt_path!r} holds objects the safe loader refuses: {err}") from err
+    except (RuntimeError, EOFError, OSError) as err:
+        raise ValueError(f"checkpoint {ckpt_path!r} is not a PyTorch checkpoint ({err})") from err
+    if not isinstance(checkpoint, dict) or "r3lightning" not in checkpoint or "state_dict" not in checkpoint:
+        raise ValueError(f"checkpoint {ckpt_path!r} was not written by r3lightning (no 'r3lightning' section)")
+    model_config = checkpoint.get("hyper_parameters", {}).get("model")
+    if not isinstance(model_config, ModelConfig):
+        raise ValueError(f"checkpoint {ckpt_path!r} has no ModelConfig in hyper_parameters['model']")
+    return checkpoint
+
+
+def policy_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The ``policy.*`` tensors of a module state dict, prefix removed (the reference is left out)."""
+    prefix = "policy."
+    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+
+
+def _main_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The floating dtype holding most parameters (the base weights; LoRA adapters may be wider)."""
+    sizes: dict[torch.dtype, int] = {}
+    for tensor in state.values():
+        if tensor.is_floating_point():
+            sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
+    return max(sizes, key=sizes.get)
+
+
+def rebuild_policy(checkpoint: dict[str, Any], ckpt_path: str):
+    """(policy with the checkpoint's weights, tokenizer): the architecture rebuilt from the saved
+    ModelConfig, LoRA-wrapped as in training, every ``policy.*`` tensor loaded (strictly)."""
+    config: ModelConfig = checkpoint["hyper_parameters"]["model"]
+    saved = checkpoint["r3lightning"]
+    if config.name_or_path:
+        model, tokenizer = load_pretrained(config)
+        # Loaded again from name_or_path, the tokenizer must still be the one the policy was trained with.
+        if tokenizer_fingerprint(tokenizer) != saved.get("tokenizer_fingerprint"):
+            raise ValueError(
+                f"checkpoint {ckpt_path!r}: the tokenizer at {config.name_or_path!r} differs from the one it was "
+                "trained with (has the model changed since?)"
+            )
+    else:
+        if not saved.get("tokenizer_json"):
+            raise ValueError(f"checkpoint {ckpt_path!r}: a tiny model's checkpoint without its tokenizer_json")
+        tokenizer = tokenizer_from_json(saved["tokenizer_json"])
+        model = build_tiny_model(config.tiny, tokenizer)
+    state = policy_state_dict(checkpoint)
+    if not state:
+        raise ValueError(f"checkpoint {ckpt_path!r} has no policy.* weights")
+    # Built in the trained dtype, loading rounds nothing; apply_lora adds the adapters training had.
+    policy = apply_lora(model.to(_main_dtype(state)), config)
+    try:
+        policy.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(
+            f"checkpoint {ckpt_path!r}: its policy weights do not fit the architecture rebuilt from its "
+            f"ModelConfig ({err})"
+        ) from err
+    return policy.eval(), tokenizer
+
+
+def _set_generation_ids(model, tokenizer) -> None:
+    """End generation at the tokenizer's end-of-turn token (the one the policy was trained to emit),
+    keeping any end tokens the base model's own generation config already lists."""
+    generation = model.generation_config
+    existing = generation.eos_token_id
+    existing = [] if existing is None else [existing] if isinstance(existing, int) else list(existing)
+    eos = [tokenizer.eos_token_id] + [i for i in existing if i != tokenizer.eos_token_id]
+    generation.eos_token_id = eos[0] if len(eos) == 1 else eos
+    generation.pad_token_id = tokenizer.pad_token_id
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Refuse a non-empty ``out_dir``: leftovers (say an ``adapter_config.json`` from an earlier export,
+    which ``from_pretrained`` would apply on top) would mix with this export."""
+    if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and not os.listdir(out_dir)):
+        raise ValueError(f"out: {out_dir!r} exists and is not an empty directory")
+
+
+def export_checkpoint(ckpt_path: str, out_dir: str, lora: LoraExport = "merged") -> str:
+    """Write the policy of the r3lightning checkpoint ``ckpt_path`` to ``out_dir`` as a Hugging Face
+    model directory; returns ``out_dir``.
+
+    lora: ``merged`` (default) folds LoRA adapters into the base weights (peft ``merge_and_unload``),
+        giving a plain model; ``adapter`` writes only the PEFT adapter (``adapter_config.json``,
+        ``adapter_model.safetensors``) plus the tokenizer, for the base model at ``name_or_path``.
+    """
+    if lora not in ("merged", "adapter"):
+        raise ValueError(f"lora must be 'merged' or 'adapter', got {lora!r}")
+    checkpoint = load_checkpoint(ckpt_path)
+    config: ModelConfig = checkpoint["hyper_parameters"]["model"]
+    if lora == "adapter" and config.lora_rank <= 0:
+        raise ValueError(f"checkpoint {ckpt_path!r} has no LoRA adapter (lora_rank 0): export with lora='merged'")
+    if lora == "adapter" and not config.name_or_path:
+        raise ValueError(
+            f"checkpoint {ckpt_path!r}: its base model is a tiny model built in memory, which no adapter can "
+            "refer to; export with lora='merged'"
+        )
+    _check_out_dir(out_dir)
+    policy, tokenizer = rebuild_policy(checkpoint, ckpt_path)
+    del checkpoint  # its memory-mapped tensors were copied into the policy
+    os.makedirs(out_dir, exist_ok=True)
+    if lora == "adapter":
+        policy.save_pretrained(out_dir, safe_serialization=True)
+    else:
+        model = policy.merge_and_unload() if config.lora_rank > 0 else policy
+        _set_generation_ids(model, tokenizer)
+        model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``r3l export --ckpt_path run.ckpt --out model_dir [--lora merged|adapter]``."""
+    parser = argparse.ArgumentParser(
+        prog="r3l export", description="Export an r3lightning checkpoint's policy as a Hugging Face model directory."
+    )
+    parser.add_argument("--ckpt_path", required=True, help="checkpoint file written during training (.ckpt)")
+    parser.add_argument("--out", required=True, help="directory to write (created; must be empty)")
+    parser.add_argument(
+        "--lora",
+        choices=("merged", "adapter"),
+        default="merged",
+        help="LoRA policies: merge the adapters into the weights (default) or write the PEFT adapter only",
+    )
+    args = parser.parse_args(argv)
+    try:
+        out = export_checkpoint(args.ckpt_path, args.out, lora=args.lora)
+    except ValueError as err:
+        parser.exit(2, f"r3l export: error: {err}\n")
+    print(f"r3l export: wrote {out}")

@@ -1,23 +1,17 @@
-"""GRPO vs R³L and its ablations at equal rollout budget on the procedural text world.
+"""GRPO vs R³L, its reference-code variant, the reflection baselines and the ablations, from one warm-start.
 
-Per seed, one SFT warm-start (configs/quickstart.yaml: tiny policy, scripted expert demonstrations,
-diagnostician reflections and guided retries) is trained and checkpointed; every method then resumes
-from that same checkpoint for the same number of RL steps on the same task stream, and differs only in
-its algorithm fragment. Each method gets ``group_size`` episodes per task per step (R³L: half base,
-half retries), so the rollout budget is equal. Validation success (greedy and sampled) is recorded at
-every validation; the JSON holds per-seed curves and final values, and a PNG plots the mean greedy
-validation success vs step.
+Per seed, one SFT warm-start of the recipe (default configs/quickstart.yaml: tiny policy, scripted
+expert demonstrations, diagnostician reflections and guided retries) is trained and checkpointed;
+every method then resumes from that same checkpoint for the same number of RL steps on the same task
+stream, and differs only in its preset (``configs/algorithms/<method>.yaml``, stacked as it is: each
+preset sets its whole method, explorer included). Methods spend different amounts of generation
+(R³L and Reflect-GRPO also generate reflections and retries), so every run records its generated
+tokens beside its validation success; the PNG plots mean greedy success against steps and against
+generated tokens.
 
-The methods:
-
-- ``grpo``: configs/algorithms/grpo.yaml as it is (plain sampling, group z-score advantages, PPO-clip;
-  with one update per batch on fresh samples the ratio is 1 up to engine/trainer numerics, so the
-  gradient is the ``pg`` one R³L uses).
-- ``r3l``: configs/algorithms/r3l.yaml (reflect-then-retry, pivotal credit, positive amplification).
-- ``r3l_wo_reflect`` / ``r3l_wo_credit`` / ``r3l_wo_positive``: the ablation presets.
-
-Every arm that amplifies takes the recipe's ``model.algorithm.alpha`` (``--alpha`` overrides it), so
-``r3l`` seed 0 is the quickstart run itself.
+The methods: ``grpo``, ``r3l`` (the paper), ``r3l_reference`` (the reference code's choices),
+``reflect_grpo`` and ``critique_grpo`` (the paper's reflection baselines), and the ablations
+``r3l_wo_reflect`` / ``r3l_wo_credit`` / ``r3l_wo_positive``.
 
     python benchmarks/compare_algorithms.py --out benchmarks/results/compare_algorithms.json --seeds 0 1 2
 """
@@ -34,20 +28,20 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine_info import machine_info  # noqa: E402
 
 METHODS = {
-    "grpo": ["--config", "configs/algorithms/grpo.yaml"],
-    "r3l": ["--config", "configs/algorithms/r3l.yaml"],
-    "r3l_wo_reflect": ["--config", "configs/algorithms/r3l_wo_reflect.yaml"],
-    "r3l_wo_credit": ["--config", "configs/algorithms/r3l_wo_credit.yaml"],
-    "r3l_wo_positive": ["--config", "configs/algorithms/r3l_wo_positive.yaml"],
+    name: ["--config", f"configs/algorithms/{name}.yaml"]
+    for name in (
+        "grpo", "r3l", "r3l_reference", "reflect_grpo", "critique_grpo", "r3l_wo_reflect", "r3l_wo_credit", "r3l_wo_positive",
+    )
 }
-# The arms whose objective uses positive amplification's alpha.
-AMPLIFIED = ("r3l", "r3l_wo_reflect", "r3l_wo_credit")
+# The arms whose objective uses positive amplification's alpha (``--alpha`` overrides theirs).
+AMPLIFIED = ("r3l", "r3l_reference", "r3l_wo_reflect", "r3l_wo_credit")
 
 
 def _fit(overrides: list[str]):
@@ -101,15 +95,15 @@ def strip_hyperparameters(path: str) -> None:
     torch.save(checkpoint, path)
 
 
-def run_method(method: str, seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
+def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     overrides = _common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps)
-    alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED else []
-    _, report = _fit([*overrides, *METHODS[method], *alpha, "--ckpt_path", checkpoint])
+    alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED and args.alpha is not None else []
+    _, report = _fit([*overrides, *arm, *alpha, "--ckpt_path", checkpoint])
     records = report.records  # restored from the checkpoint: the warm-start validations come first
     rl_records = [r for r in records if r["step"] > args.warmup_steps]
     return {
@@ -122,26 +116,36 @@ def run_method(method: str, seed: int, checkpoint: str, args: argparse.Namespace
         "last3_mean_greedy": statistics.mean(r["val/success_rate_greedy"] for r in rl_records[-3:]),
         "last3_mean_sampled": statistics.mean(r["val/success_rate"] for r in rl_records[-3:]),
         "rl_rollout_means": report.rollout_means(),
+        # What the RL phase generated: episodes plus the reflections, critiques and retries.
+        "generated_tokens": report.rollout_means().get("rollout/generated_tokens", 0.0) * args.rl_steps,
         "wall_s": time.perf_counter() - start,
     }
 
 
-def plot(results: dict, path: str) -> None:
+def plot(results: dict, path: str, warmup_steps: int) -> None:
+    """Mean greedy validation success against optimizer steps, and against generated tokens (the RL
+    phase's mean tokens per step times the steps since the warm-start: what each method spent)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (by_step, by_tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
     for method, runs in results.items():
         steps = [s for s, _ in next(iter(runs.values()))["curve_greedy"]]
         means = [statistics.mean(run["curve_greedy"][i][1] for run in runs.values()) for i in range(len(steps))]
-        ax.plot(steps, means, marker="o", label=method)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("validation success (greedy)")
-    ax.set_title("Procedural text world: mean over seeds")
-    ax.legend()
-    ax.grid(alpha=0.3)
+        per_step = statistics.mean(run["rl_rollout_means"].get("rollout/generated_tokens", 0.0) for run in runs.values())
+        by_step.plot(steps, means, marker="o", label=method)
+        rl = [(max(s - warmup_steps, 0) * per_step / 1e3, m) for s, m in zip(steps, means) if s >= warmup_steps]
+        by_tokens.plot([x for x, _ in rl], [m for _, m in rl], marker="o", label=method)
+    by_step.set_xlabel("optimizer step")
+    by_tokens.set_xlabel("generated tokens in the RL phase (thousands, per rank)")
+    for ax in (by_step, by_tokens):
+        ax.set_ylabel("validation success (greedy)")
+        ax.grid(alpha=0.3)
+    by_step.set_title("mean over seeds, by step")
+    by_tokens.set_title("mean over seeds, by generation cost")
+    by_tokens.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -150,13 +154,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON result path (the PNG goes beside it)")
     parser.add_argument("--recipe", default="configs/quickstart.yaml")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"presets to compare (default: {list(METHODS)})")
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME=PRESET[,KEY=VALUE...]",
+                        help="an extra method: a preset with overrides, e.g. r3l_sft01=r3l,model.algorithm.sft_weight=0.1")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--warmup_steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--rl_steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--val_every", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--alpha", type=float, default=None,
-                        help="positive amplification of the amplifying R³L arms; default: the recipe's")
+                        help="positive amplification of the amplifying R³L arms; default: each preset's own")
     parser.add_argument("--shared_warmstart", action="store_true",
                         help="train one warm-start (the first seed's) and start every seed's RL runs from it: "
                              "seeds then vary only the RL phase (sampling, task order stays the recipe's)")
@@ -169,6 +175,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per RL run (0: torch's default)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for spec in args.arm:
+        name, arm = parse_arm(spec)
+        METHODS[name] = arm
+        args.methods.append(name)
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; presets: {sorted(METHODS)}, or define them with --arm")
     recipe_defaults(args)
     log_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "compare_runs")
     results: dict[str, dict[str, dict]] = {method: {} for method in args.methods}
@@ -184,7 +197,7 @@ def main() -> None:
             results[method].update(runs)
     jobs = [(method, seed) for seed in args.seeds for method in args.methods if str(seed) not in results[method]]
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_method, m, s, checkpoints[s], args, log_dir): (m, s) for m, s in jobs}
+        futures = {pool.submit(run_method, m, METHODS[m], s, checkpoints[s], args, log_dir): (m, s) for m, s in jobs}
         for future in as_completed(futures):
             method, seed = futures[future]
             results[method][str(seed)] = future.result()
@@ -195,9 +208,11 @@ def main() -> None:
         for kind in ("greedy", "sampled"):
             finals = [run[f"final_{kind}"] for run in runs.values()]
             figures[f"{method}_final_val_success_{kind}_mean"] = statistics.mean(finals)
+            figures[f"{method}_final_val_success_{kind}_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0
             figures[f"{method}_final_val_success_{kind}_min"] = min(finals)
             figures[f"{method}_last3_val_success_{kind}_mean"] = statistics.mean(run[f"last3_mean_{kind}"] for run in runs.values())
         figures[f"{method}_wall_s_mean"] = statistics.mean(run["wall_s"] for run in runs.values())
+        figures[f"{method}_generated_tokens_mean"] = statistics.mean(run.get("generated_tokens", 0.0) for run in runs.values())
     record = {
         "benchmark": "compare_algorithms",
         "figures": figures,
@@ -209,8 +224,21 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(record, handle, indent=2)
-    plot(results, os.path.splitext(args.out)[0] + ".png")
+    plot(results, os.path.splitext(args.out)[0] + ".png", args.warmup_steps)
     print(json.dumps(figures, indent=2))
+
+
+def parse_arm(spec: str) -> tuple[str, list[str]]:
+    """``NAME=PRESET[,KEY=VALUE...]`` -> (name, CLI arguments): the preset, then each override."""
+    name, _, rest = spec.partition("=")
+    preset, *overrides = rest.split(",")
+    if not name or not (ROOT / "configs" / "algorithms" / f"{preset}.yaml").is_file():
+        raise SystemExit(f"--arm {spec!r}: expected NAME=PRESET[,KEY=VALUE...] with a preset in configs/algorithms")
+    arm = ["--config", f"configs/algorithms/{preset}.yaml"]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        arm += [f"--{key}", value]
+    return name, arm
 
 
 # What makes two comparisons' runs interchangeable: the same warm-start and the same RL schedule.
@@ -235,7 +263,7 @@ def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, di
 
 
 def recipe_defaults(args: argparse.Namespace) -> None:
-    """Fill unset step counts and alpha from the recipe, so the comparison runs the quickstart's schedule."""
+    """Fill unset step counts from the recipe, so the comparison runs the recipe's schedule."""
     import yaml
 
     recipe = yaml.safe_load(Path(args.recipe).read_text())
@@ -245,8 +273,6 @@ def recipe_defaults(args: argparse.Namespace) -> None:
         args.rl_steps = recipe["trainer"]["max_steps"] - args.warmup_steps
     if args.val_every is None:
         args.val_every = recipe["trainer"]["val_check_interval"]
-    if args.alpha is None:
-        args.alpha = recipe["model"]["algorithm"]["alpha"]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,17 @@ ROLLOUT_FIGURES = (
     "rollout/retry_rate",
     "rollout/reflection_outcome_agreement",
 )
+"""Printed at the end of fit as percentages (means over RL steps)."""
+
+RECORDED_FIGURES = (
+    "rollout/generated_tokens",
+    "rollout/response_len",
+    "rollout/pivot_late_share",
+    "rollout/retry_tokens_saved_share",
+    "rollout/replay_failures",
+    "rollout/success_judgment_samples",
+)
+"""Also averaged over RL steps into ``phase_report.json`` (what a method spent, where its pivots fell)."""
 
 
 class PhaseReport(L.Callback):
@@ -34,7 +45,7 @@ class PhaseReport(L.Callback):
         self.rollout_steps: dict[str, int] = {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        for name in ROLLOUT_FIGURES:
+        for name in ROLLOUT_FIGURES + RECORDED_FIGURES:
             if name in trainer.callback_metrics:
                 self.rollout_sums[name] = self.rollout_sums.get(name, 0.0) + float(trainer.callback_metrics[name])
                 self.rollout_steps[name] = self.rollout_steps.get(name, 0) + 1
@@ -72,7 +83,8 @@ class PhaseReport(L.Callback):
                     f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
                 )
         for name, value in summary["rl_rollout_means"].items():
-            lines.append(f"  {name} (mean over {self.rollout_steps[name]} RL steps): {100 * value:.1f}%")
+            if name in ROLLOUT_FIGURES:
+                lines.append(f"  {name} (mean over {self.rollout_steps[name]} RL steps): {100 * value:.1f}%")
         print("\n".join(lines), flush=True)
         log_dir = log_dir_of(trainer)
         os.makedirs(log_dir, exist_ok=True)

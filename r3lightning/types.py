@@ -35,6 +35,8 @@ class Turn:
     observation: the user message text this turn answered (for reflection transcripts).
     trainable: False for turns that are context only (for example replayed prefix actions that the
         loss must never touch, independent of pivot masking).
+    malformed: no action could be parsed from the response: the environment was not stepped and the
+        next message is the format feedback (a replay repeats exactly that).
     """
 
     context_ids: list[int]
@@ -44,6 +46,7 @@ class Turn:
     action: str = ""
     observation: str = ""
     trainable: bool = True
+    malformed: bool = False
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.response_ids):
@@ -58,8 +61,11 @@ def message_count(turns: list[Turn]) -> int:
     return sum(1 for i, turn in enumerate(turns) if i == 0 or turn.context_ids)
 
 
-EndReason = Literal["", "done", "max_turns", "context_limit", "invalid_action", "env_error", "length", "script_end"]
-"""Why an episode ended (empty for trajectories that were not played by the agent loop)."""
+EndReason = Literal[
+    "", "done", "max_turns", "context_limit", "invalid_action", "env_error", "length", "script_end", "replay_failed"
+]
+"""Why an episode ended (empty for trajectories that were not played by the agent loop). ``replay_failed``:
+replaying a retry's prefix ended the episode or the environment failed before the first new turn."""
 
 
 @dataclass

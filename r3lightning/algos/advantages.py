@@ -83,13 +83,18 @@ def positive_amplification(
     """R³L positive amplification, shape [N] (docs/r3l.md).
 
     advantages, rewards: [N].
-    R >= max_reward -> alpha (paper) or 1.0 (``max_reward_mode="one"``, the reference code);
-    otherwise A > 0 -> alpha * A; else A unchanged.
+    R >= max_reward -> top = alpha (paper) or 1.0 (``max_reward_mode="one"``, the reference code);
+    otherwise A > 0 -> min(alpha * A, top); else A unchanged.
+
+    The cap is ours: the formula's intent is that a full success gets the largest value, but with
+    z-scored advantages a lone partial success in a group of failures has A = 2.47 (8 samples), so
+    alpha * A = 7.4 would outrank a full success's alpha = 3. Capped, a partial success never ranks
+    above a full one, in either mode and under every estimator.
     """
     if max_reward_mode not in ("alpha", "one"):
         raise ValueError(f"max_reward_mode must be 'alpha' or 'one', got {max_reward_mode!r}")
     top_value = alpha if max_reward_mode == "alpha" else 1.0
-    amplified = torch.where(advantages > 0, alpha * advantages, advantages)
+    amplified = torch.where(advantages > 0, (alpha * advantages).clamp(max=top_value), advantages)
     return torch.where(rewards >= max_reward, torch.full_like(advantages, top_value), amplified)
 
 

@@ -30,10 +30,15 @@ class AlgorithmConfig:
             SFT warm-start, if any). 0 disables the reference model.
         kl_estimator: k1 | k2 | k3.
         aggregation: token_mean | seq_mean_token_mean | seq_mean_token_sum.
-        sft_weight: weight of the SFT head's NLL during RL (meta-tasks, GNT reflections); the
+        sft_weight: weight of the SFT head's NLL during RL (meta-tasks, GNT reflections; 0: none); the
             warm-start's demonstrations always weigh 1.
         sft_aggregation: token_mean (every SFT token weighs the same) | seq_mean_token_mean (every SFT
             sample weighs the same, so a few long reflections do not drown many short action turns).
+        meta_tasks_as: how RL-phase meta-task samples (R³L's reflect and retry samples) are trained:
+            ``sft_head`` (the paper's L_RL + sft_weight · L_SFT, normalized separately) or
+            ``positive_samples`` (the reference code: singleton groups with advantage +1 inside the
+            pooled RL loss; needs ``policy_loss: pg`` or ``recompute_old_logprobs``, since scripted and
+            reflection samples have no behaviour log-probs).
         off_policy_gamma: γ of Critique-GRPO's policy shaping π/(π+γ) on off-policy refinements; null
             unless the explorer makes off-policy samples (``critique_refine``), which need it.
         recompute_old_logprobs: recompute behaviour log-probs with the trainer before updating (needed
@@ -54,8 +59,9 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
-    sft_weight: float = 1.0
+    sft_weight: float = 0.0
     sft_aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    meta_tasks_as: Literal["sft_head", "positive_samples"] = "sft_head"
     off_policy_gamma: Optional[float] = None
     recompute_old_logprobs: bool = False
     update_epochs: int = 1
@@ -76,7 +82,9 @@ METHOD_FIELDS: tuple[str, ...] = (
     "aggregation",
     "sft_weight",
     "sft_aggregation",
+    "meta_tasks_as",
     "off_policy_gamma",
+    "recompute_old_logprobs",
 )
 """The fields that define a method; every preset sets all of them (tested). The others (``adv_eps``,
-``recompute_old_logprobs``, ``update_epochs``, ``mask_truncated``) are numerics a recipe may tune."""
+``update_epochs``, ``mask_truncated``) are numerics a recipe may tune."""

@@ -31,6 +31,7 @@ def collate_experience(
     pad_token_id: int,
     pivotal_credit: bool = True,
     max_length: Optional[int] = None,
+    sft_rows: Optional[Sequence[bool]] = None,
 ) -> ExperienceBatch:
     """Pad ``trajectories`` to [B, T] and build the masks.
 
@@ -39,6 +40,8 @@ def collate_experience(
     ``pivotal_credit`` is on and the trajectory has a pivot — and none when the reward errored.
     SFT trajectories (``Trajectory.is_sft``) get ``sft_mask`` on their assistant tokens instead.
     max_length: sequences longer than this are cut on the right (their tail gets no loss).
+    sft_rows: which rows the SFT head trains (default: ``Trajectory.is_sft``); meta-task samples
+        trained as positive RL samples are SFT-origin rows marked False here.
     """
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
@@ -59,7 +62,7 @@ def collate_experience(
         old_logprobs[b, :n] = torch.tensor(logps[:n], dtype=torch.float32)
     # Token 0 has no prediction; keeping it out of every mask keeps the shift in the loss exact.
     turn_index[:, :1] = -1
-    is_sft = torch.tensor([t.is_sft for t in trajectories], dtype=torch.bool)
+    is_sft = torch.tensor(list(sft_rows) if sft_rows is not None else [t.is_sft for t in trajectories], dtype=torch.bool)
     usable = torch.tensor([not t.reward_error for t in trajectories], dtype=torch.bool)
     pivots = torch.tensor(
         [(t.pivot if (pivotal_credit and t.pivot is not None) else -1) for t in trajectories], dtype=torch.long

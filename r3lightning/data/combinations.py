@@ -30,6 +30,11 @@ def check_combination(objective: AlgorithmConfig, explorer: object, demo_reflect
             f"data.explorer {name} makes off-policy samples, which need model.algorithm.off_policy_gamma "
             "(Critique-GRPO's shaping π/(π+γ); the paper uses 0.1)"
         )
+    if objective.meta_tasks_as == "positive_samples" and objective.policy_loss != "pg" and not objective.recompute_old_logprobs:
+        raise ValueError(
+            f"model.algorithm.meta_tasks_as: positive_samples with policy_loss: {objective.policy_loss} needs "
+            "recompute_old_logprobs: true (meta-task samples have no behaviour log-probs), or policy_loss: pg"
+        )
     warnings = []
     if demo_reflections and not traits.reflects:
         # Legitimate: every method of a comparison can share one warm-start, reflections included.
@@ -37,19 +42,22 @@ def check_combination(objective: AlgorithmConfig, explorer: object, demo_reflect
             f"data.demos.reflections: true with data.explorer {name}, which never reflects: the warm-start "
             "teaches reflections this method will not ask for"
         )
-    if objective.sft_weight > 0 and not traits.sft_samples:
+    sft_head_samples = traits.sft_samples and objective.meta_tasks_as == "sft_head"
+    if objective.sft_weight > 0 and not sft_head_samples:
         warnings.append(
             f"model.algorithm.sft_weight: {objective.sft_weight} has no effect during RL: data.explorer {name} "
-            "hands no samples to the SFT head (the warm-start's demonstrations always weigh 1)"
+            f"with meta_tasks_as: {objective.meta_tasks_as} hands no samples to the SFT head (the warm-start's "
+            "demonstrations always weigh 1)"
         )
-    if traits.sft_samples and objective.sft_weight == 0:
+    if sft_head_samples and objective.sft_weight == 0:
         warnings.append(
             f"data.explorer {name} makes meta-task SFT samples, but model.algorithm.sft_weight is 0: they are "
             "generated and then ignored"
         )
-    if traits.distilled_samples and objective.policy_loss != "pg":
+    if traits.distilled_samples and objective.policy_loss != "pg" and not objective.recompute_old_logprobs:
         warnings.append(
             f"model.algorithm.policy_loss: {objective.policy_loss} with data.explorer {name}: distilled samples "
-            "were drawn under guidance, so their importance ratio compares two contexts (R³L uses pg)"
+            "were drawn under guidance, so their importance ratio compares two contexts (R³L uses pg; "
+            "recompute_old_logprobs: true scores them without guidance first)"
         )
     return warnings

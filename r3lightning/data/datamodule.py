@@ -229,9 +229,15 @@ class RolloutDataModule(L.LightningDataModule):
         if phase == "sft":
             return Exploration(groups=[], sft=self.demonstrations(batch))
         spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward)
+        loop = self.connected_loop
+        before = loop.generated_tokens
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.rollout_seed(batch.step))
-            return self.explorer.explore(batch.tasks, self.connected_loop, spec)
+            exploration = self.explorer.explore(batch.tasks, loop, spec)
+        # Everything the step generated: episodes, and the reflections, critiques and retries that
+        # reflection methods add (what a method spends, to compare methods at equal cost).
+        exploration.metrics["rollout/generated_tokens"] = float(loop.generated_tokens - before)
+        return exploration
 
     def evaluate(self, tasks: list[Task], greedy: bool) -> list[Trajectory]:
         """One episode per task for validation, greedy or sampled."""

@@ -2,7 +2,8 @@
 
 A pure function of its inputs (no Lightning, no model): rewards (after an optional shaping hook),
 group advantages of the RL trajectories (errored rewards excluded), positive amplification, the
-masks (pivotal credit, truncation, SFT rows) and padding. Every method goes through it; the SFT
+masks (pivotal credit, truncation, SFT rows; meta-task samples as +1 RL rows when the objective says
+so) and padding. Every method goes through it; the SFT
 warm-start is an exploration with SFT samples only.
 """
 
@@ -65,12 +66,17 @@ def make_experience(
     rewards = torch.tensor(shaped, dtype=torch.float32)
     valid = torch.tensor([not t.reward_error for t in rl], dtype=torch.bool)
     advantages = group_advantages(rewards, group_index, valid, objective, max_reward)
-    trajectories = rl + list(exploration.sft)
+    sft = list(exploration.sft)
+    # The reference code trains meta-task samples as singleton groups of reward 1: advantage +1 in
+    # the pooled RL loss. Demonstrations stay with the SFT head either way.
+    as_positive = [objective.meta_tasks_as == "positive_samples" and t.origin != "demo" for t in sft]
+    trajectories = rl + sft
     experience = collate_experience(
         trajectories,
-        advantages.tolist() + [0.0] * len(exploration.sft),
+        advantages.tolist() + [1.0 if positive else 0.0 for positive in as_positive],
         pad_token_id,
         pivotal_credit=objective.pivotal_credit,
+        sft_rows=[False] * len(rl) + [not positive for positive in as_positive],
     )
     if objective.mask_truncated:
         truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool).unsqueeze(1)

@@ -137,12 +137,20 @@ class AgentLoop:
         self.tokenizer = tokenizer
         self.config = config or AgentLoopConfig()
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
+        self.generated_tokens = 0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """The engine's completions of ``prompts``; every generation of a rollout (episode turns,
+        reflections, critiques) goes through here, so ``generated_tokens`` counts what it cost."""
+        generations = self.engine.generate(prompts, params)
+        self.generated_tokens += sum(len(g.token_ids) for g in generations)
+        return generations
 
     def run(self, requests: list[EpisodeRequest], params: SamplingParams) -> list[Trajectory]:
         """Play every request to the end; one batched engine call per turn of all active episodes."""
 
         def sample(episodes: list[_Episode]) -> list[Generation]:
-            return self.engine.generate([self._full_context(ep) for ep in episodes], params)
+            return self.generate([self._full_context(ep) for ep in episodes], params)
 
         return self._play(requests, sample)
 
@@ -222,14 +230,19 @@ class AgentLoop:
         observation = env.reset(request.task)
         ep = _Episode(index=index, request=request, env=env, turns=[], pending_context=[], context_len=0)
         for turn in request.prefix:
-            result = self._step(ep, turn.action)
             ep.turns.append(turn)
             ep.context_len += len(turn.context_ids) + len(turn.response_ids)
+            if turn.malformed:
+                # As it happened: no environment step, the format feedback is the next message.
+                ep.invalid_actions += 1
+                observation = turn.feedback
+                continue
+            result = self._step(ep, turn.action)
             if result is None or result.done:
-                raise ValueError(
-                    f"task {request.task.task_id!r}: replaying prefix action {turn.action!r} ended the episode; "
-                    "a retry pivot must lie before the final turn"
-                )
+                # The environment did not replay the prefix as it played it (a verifier timeout, an error,
+                # an episode that ended): this retry is lost, not the step. The explorer drops and counts it.
+                ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "replay_failed", True, 0.0
+                return ep
             observation = result.observation
         self._queue_observation(ep, observation)
         return ep
@@ -285,6 +298,7 @@ class AgentLoop:
                 continue
             action = parse_action(response, self.config)
             if action is None:
+                turn.malformed = True
                 ep.invalid_actions += 1
                 if self.config.invalid_action == "end":
                     ep.done, ep.end_reason = True, "invalid_action"

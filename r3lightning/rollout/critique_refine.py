@@ -3,8 +3,9 @@
 Zhang et al., arXiv 2506.03106 (explorer ``critique_refine``). Per task:
 ``group_size - num_refinements`` initial samples; the same policy writes a free-text critique of
 each failed one from its transcript and the environment's feedback; a refinement episode then starts
-from scratch with the previous attempt and its critique shown in the first turn. The best
-``num_refinements`` refinements of the task (highest reward, ties to the earlier one) join the group
+from scratch with the previous attempt and its critique shown in the first turn. Refinements that do
+not improve on their attempt are dropped (``rollout/refinement_dropped_rate``); the best
+``num_refinements`` of the rest (highest reward, ties to the earlier one) join the group
 with origin ``off_policy`` and the critique context removed, so the trainer scores their tokens under
 the plain prompt and applies the policy-shaping loss ``-A · π/(π+γ)`` to them. Slots left without a
 refinement are filled with plain samples, so every group has exactly ``group_size`` members.
@@ -99,8 +100,10 @@ class CritiqueRefineExplorer:
         ]
         refinements = loop.run(requests, params)
         usable = [(i, r) for (i, _), r in zip(refined, refinements) if usable_retry(r)]
+        # Critique-GRPO keeps a refinement only when it improves on the attempt it refines.
+        improving = [(i, r) for i, r in usable if r.reward > initial[i].reward]
         candidates: list[list[Trajectory]] = [[] for _ in tasks]
-        for i, refinement in usable:
+        for i, refinement in improving:
             candidates[i // n_initial].append(refinement)
         chosen = [
             [distill_from_scratch(r, "off_policy") for r in best_refinements(c, self.num_refinements)] for c in candidates
@@ -118,6 +121,7 @@ class CritiqueRefineExplorer:
             "empty": len(critiques) - len(refined),
             "refinements": len(refinements),
             "unusable": len(refinements) - len(usable),
+            "not_improving": len(usable) - len(improving),
             "improved": sum(retry_is_better(initial[i], r, max_reward) for i, r in usable),
             "slots": len(tasks) * self.num_refinements,
             "filled": len(fill_tasks),
@@ -134,5 +138,6 @@ def critique_grpo_metrics(counts: dict[str, int]) -> dict[str, float]:
         "rollout/critique_empty_rate": counts["empty"] / max(counts["critiques"], 1),
         "rollout/refinement_unusable_rate": counts["unusable"] / max(counts["refinements"], 1),
         "rollout/refinement_improvement_rate": counts["improved"] / max(counts["refinements"], 1),
+        "rollout/refinement_dropped_rate": counts["not_improving"] / max(counts["refinements"], 1),
         "rollout/refinement_fill_rate": counts["filled"] / max(counts["slots"], 1),
     }

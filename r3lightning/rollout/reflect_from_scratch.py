@@ -1,11 +1,13 @@
-"""Reflect-GRPO exploration: reflect on each failed trajectory, retry it from scratch, distill the retry.
+"""Reflect-GRPO exploration: reflect on failed attempts, retry them from scratch, distill the retries.
 
-The baseline of the R³L paper (explorer ``reflect_from_scratch``). Per task:
-``group_size // 2`` base trajectories; each failed one (reward below ``data.max_reward``) gets an R³L
-reflection from the same policy (same prompt, parser and guidance as ``reflect_retry``); a valid
-reflection triggers a retry in a fresh environment with the guidance shown from the first turn; the
-retry with its guidance removed joins the group as a ``distilled`` trajectory. Unlike R³L there is no
-pivot (nothing is replayed, so no prefix is shared and nothing is masked) and no meta-task SFT.
+The baseline of the R³L paper, as its reference code runs it (explorer ``reflect_from_scratch``). Per
+task: ``group_size`` fresh samples. The failed ones (reward below ``data.max_reward``) among the second
+half of the group get an R³L reflection from the same policy (same prompt, parser and guidance as
+``reflect_retry``); a valid reflection that does not claim ``success`` triggers a retry in a fresh
+environment with the guidance shown from the first turn; the retry with its guidance removed joins
+the group as a ``distilled`` trajectory. Groups have ``group_size`` to ``1.5 · group_size`` members.
+Unlike R³L there is no pivot (nothing is replayed, so no prefix is shared and nothing is masked) and no
+meta-task SFT.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ def failed(trajectory: Trajectory, max_reward: float) -> bool:
 class ReflectFromScratchExplorer:
     """Reflect-GRPO's exploration (``reflect_from_scratch``): R³L's reflections, retries from scratch.
 
-    The reflection's ``trajectory_outcome`` and ``retry_from_step`` are parsed and validated as in
-    R³L (so invalid rates compare), but neither decides anything here: the reward already says the
-    trajectory failed, and the retry always starts at the first turn.
+    The reflection's ``retry_from_step`` is parsed and validated as in R³L (so invalid rates compare)
+    but not used: the retry always starts at the first turn. A ``success`` verdict means no retry, as in
+    the reference code.
 
     Args:
         reflection_temperature: sampling temperature of reflections.
@@ -52,6 +54,8 @@ class ReflectFromScratchExplorer:
             ``{outcome}`` fields; empty for R³L's built-in one.
         guidance_template: path of a guidance template with the reflection's field names; empty for
             R³L's built-in one.
+        reflected_share: the share of each group's fresh samples that are candidates for reflection
+            (the last ones); the reference code reflects on the failures of the second half (0.5).
     """
 
     traits = ExplorerTraits(distilled_samples=True, reflects=True)
@@ -62,7 +66,11 @@ class ReflectFromScratchExplorer:
         max_reflection_tokens: int = 192,
         reflection_template: str = "",
         guidance_template: str = "",
+        reflected_share: float = 0.5,
     ) -> None:
+        if not 0.0 < reflected_share <= 1.0:
+            raise ValueError(f"ReflectFromScratchExplorer: reflected_share must be in (0, 1], got {reflected_share}")
+        self.reflected_share = reflected_share
         self.reflector = Reflector(
             reflection_temperature,
             max_reflection_tokens,
@@ -70,34 +78,28 @@ class ReflectFromScratchExplorer:
             load_template(guidance_template, "guidance.txt"),
         )
 
-    def tokenizer_corpus(self, suite) -> list[str]:
-        """The reflector's templates, for a tokenizer trained in memory."""
-        return [self.reflector.reflection_template, self.reflector.guidance_template]
-
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
-        params, max_reward = spec.sampling, spec.max_reward
-        n_base = max(1, spec.group_size // 2)
-        base = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(n_base)], params)
-        reflected = [i for i, traj in enumerate(base) if failed(traj, max_reward)]
-        parsed = self.reflector.reflect(loop, [base[i] for i in reflected], [tasks[i // n_base] for i in reflected], params).parsed
-        valid = [(i, reflection) for i, (reflection, _) in zip(reflected, parsed) if reflection is not None]
+        params, max_reward, n = spec.sampling, spec.max_reward, spec.group_size
+        fresh = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(n)], params)
+        first_candidate = n - max(1, round(n * self.reflected_share))
+        reflected = [i for i, traj in enumerate(fresh) if i % n >= first_candidate and failed(traj, max_reward)]
+        parsed = self.reflector.reflect(loop, [fresh[i] for i in reflected], [tasks[i // n] for i in reflected], params).parsed
+        valid = [(i, r) for i, (r, _) in zip(reflected, parsed) if r is not None and r.trajectory_outcome != "success"]
         retry_of = [i for i, _ in valid]
-        requests = [EpisodeRequest(task=tasks[i // n_base], guidance=self.reflector.guidance(r)) for i, r in valid]
-        retries = loop.run(requests, params)
+        requests = [EpisodeRequest(task=tasks[i // n], guidance=self.reflector.guidance(r)) for i, r in valid]
+        retries = loop.run(requests, params) if requests else []
         distilled = {i: distill_from_scratch(r, "distilled") for i, r in zip(retry_of, retries) if usable_retry(r)}
-        improved = sum(retry_is_better(base[i], r, max_reward) for i, r in zip(retry_of, retries) if i in distilled)
+        improved = sum(retry_is_better(fresh[i], r, max_reward) for i, r in zip(retry_of, retries) if i in distilled)
         groups = []
         for ti, task in enumerate(tasks):
-            members = []
-            for i in range(ti * n_base, (ti + 1) * n_base):
-                members.append(base[i])
-                if i in distilled:
-                    members.append(distilled[i])
+            members = list(fresh[ti * n : (ti + 1) * n])
+            members += [distilled[i] for i in range(ti * n, (ti + 1) * n) if i in distilled]
             groups.append(Group(task.task_id, members, task))
         counts = {
-            "base": len(base),
+            "candidates": len(tasks) * (n - first_candidate),
             "reflections": len(parsed),
-            "invalid": len(parsed) - len(retry_of),
+            "invalid": sum(r is None for r, _ in parsed),
+            "judged_success": sum(r is not None and r.trajectory_outcome == "success" for r, _ in parsed),
             "retries": len(retries),
             "unusable": len(retries) - len(distilled),
             "improved": improved,
@@ -106,13 +108,14 @@ class ReflectFromScratchExplorer:
 
 
 def reflect_grpo_metrics(counts: dict[str, int]) -> dict[str, float]:
-    """Rates under R³L's tags where the figure means the same (reflections written only on failures,
-    so the invalid rate is per reflection written); ``retry_unusable_rate`` counts retries that could
-    not join the group (errored reward, or no turn played)."""
+    """Rates under R³L's tags where the figure means the same (reflections are written only on failed
+    candidates, so the invalid rate is per reflection written); ``retry_unusable_rate`` counts retries
+    that could not join the group (errored reward, or no turn played)."""
     return {
-        "rollout/reflection_rate": counts["reflections"] / max(counts["base"], 1),
+        "rollout/reflection_rate": counts["reflections"] / max(counts["candidates"], 1),
         "rollout/reflection_invalid_rate": counts["invalid"] / max(counts["reflections"], 1),
-        "rollout/retry_rate": counts["retries"] / max(counts["base"], 1),
+        "rollout/reflection_claims_success_rate": counts["judged_success"] / max(counts["reflections"], 1),
+        "rollout/retry_rate": counts["retries"] / max(counts["candidates"], 1),
         "rollout/retry_unusable_rate": counts["unusable"] / max(counts["retries"], 1),
         "rollout/retry_improvement_rate": counts["improved"] / max(counts["retries"], 1),
     }

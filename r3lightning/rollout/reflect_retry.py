@@ -77,6 +77,13 @@ class ReflectRetryExplorer:
             reflections, the stand-in for a stronger reflector model at CPU scale. With
             ``meta_tasks``, the reflect samples then teach the policy the diagnostician's reflections
             on its own episodes. Needs a suite with a diagnostician (the procedural world).
+        reflection_transcript: how the episode is shown to the reflector: ``compact`` (first
+            observation, then ``action -> feedback`` per step; short prompts for small policies) or
+            ``full`` (the reference code's: system prompt, every observation, full response, feedback).
+        train_success_judgments: with ``meta_tasks``, also train the reflection of a maximum-reward
+            episode that the reflection correctly judged ``success`` (the reference code does): the
+            signal that teaches the policy to judge its own outcomes. Counted in
+            ``rollout/success_judgment_samples``.
         step_split: ``auto``: when the suite plays one turn per episode (``max_turns == 1``, single-turn
             reasoning), pivot on reasoning steps — responses are split into lines
             (``rollout.steps.step_lengths``) and the retry continues the message from the first k
@@ -96,6 +103,8 @@ class ReflectRetryExplorer:
         retry_below_max_reward_only: bool = False,
         refill_groups: bool = False,
         reflector: Literal["policy", "suite"] = "policy",
+        reflection_transcript: Literal["compact", "full"] = "compact",
+        train_success_judgments: bool = True,
     ) -> None:
         if step_split not in ("auto", "off"):
             raise ValueError(f"step_split must be 'auto' or 'off', got {step_split!r}")
@@ -104,12 +113,14 @@ class ReflectRetryExplorer:
         self.step_split = step_split
         self.retry_below_max_reward_only = retry_below_max_reward_only
         self.refill_groups = refill_groups
+        self.train_success_judgments = train_success_judgments
         self.reflector = Reflector(
             reflection_temperature,
             max_reflection_tokens,
             load_template(reflection_template, "reflection.txt"),
             load_template(guidance_template, "guidance.txt"),
             source=reflector,
+            transcript_style=reflection_transcript,
         )
 
     @property
@@ -167,6 +178,8 @@ class ReflectRetryExplorer:
                 improved += 1
                 if self.meta_tasks:
                     sft.extend(meta_task_samples(base[i], reflections.prompts[i], reflections.answers[i], retry, k))
+        judged = self.success_judgment_samples(base, reflections, spec.max_reward)
+        sft.extend(judged)
         refills = self.refill(loop, tasks, spec, n_base, distilled_by_base, step_level)
         groups = []
         for ti, task in enumerate(tasks):
@@ -177,8 +190,22 @@ class ReflectRetryExplorer:
                     members.append(distilled_by_base[i])
             groups.append(Group(task.task_id, members + refills[ti], task))
         metrics = r3l_metrics(base, reflections.parsed, retry_of, pivots, improved)
+        metrics["rollout/replay_failures"] = float(sum(r.end_reason == "replay_failed" for r in retries))
+        metrics["rollout/success_judgment_samples"] = float(len(judged))
         metrics["rollout/refill_rate"] = sum(len(r) for r in refills) / (len(tasks) * spec.group_size)
         return Exploration(groups=groups, sft=sft, metrics=metrics)
+
+    def success_judgment_samples(self, base: list[Trajectory], reflections, max_reward: float) -> list[Trajectory]:
+        """Reflect samples for maximum-reward episodes whose reflection said ``success`` (with
+        ``meta_tasks`` and ``train_success_judgments``)."""
+        if not (self.meta_tasks and self.train_success_judgments):
+            return []
+        samples = []
+        for i, (trajectory, (reflection, _)) in enumerate(zip(base, reflections.parsed)):
+            correct = reflection is not None and reflection.trajectory_outcome == "success"
+            if correct and trajectory.reward >= max_reward and not trajectory.reward_error:
+                samples.append(reflect_sample(trajectory, reflections.prompts[i], reflections.answers[i], trajectory.reward))
+        return samples
 
     def wants_retry(self, trajectory: Trajectory, reflection: Reflection | None, max_reward: float) -> bool:
         """A valid reflection that does not claim success, on a sound reward (and, with
@@ -216,16 +243,21 @@ def meta_task_samples(
 ) -> list[Trajectory]:
     """Reflect sample ([trajectory, feedback] -> reflection) and retry sample (prefix + guidance ->
     corrected suffix; the replayed prefix is context only)."""
-    reflect = Trajectory(
-        task_id=base.task_id,
-        turns=[Turn(context_ids=list(reflect_prompt), response_ids=list(reflection_ids))],
-        reward=retry.reward,
-        success=True,
-        origin="reflect_sft",
-    )
+    reflect = reflect_sample(base, reflect_prompt, reflection_ids, retry.reward)
     turns = [dataclasses.replace(t, trainable=False) for t in retry.turns[:pivot]] + list(retry.turns[pivot:])
     retry_sample = dataclasses.replace(retry, turns=turns, origin="retry_sft", pivot=None, info={}, guided_turn=None)
     return [reflect, retry_sample]
+
+
+def reflect_sample(trajectory: Trajectory, prompt: list[int], reflection_ids: list[int], reward: float) -> Trajectory:
+    """The reflection on ``trajectory`` as an SFT sample: its prompt, then the reflection written."""
+    return Trajectory(
+        task_id=trajectory.task_id,
+        turns=[Turn(context_ids=list(prompt), response_ids=list(reflection_ids))],
+        reward=reward,
+        success=True,
+        origin="reflect_sft",
+    )
 
 
 def r3l_metrics(base, parsed, retry_of: list[int], pivots: list[int], improved: int) -> dict[str, float]:
@@ -235,6 +267,8 @@ def r3l_metrics(base, parsed, retry_of: list[int], pivots: list[int], improved: 
     judged = [(r.trajectory_outcome != "failure") == t.success for t, (r, _) in zip(base, parsed) if r is not None]
     positions = [k / max(len(base[i].turns), 1) for i, k in zip(retry_of, pivots)]
     saved = sum(sum(len(t.response_ids) for t in base[i].turns[:k]) for i, k in zip(retry_of, pivots))
+    # A retry from scratch would cost about what its base episode cost.
+    from_scratch = sum(base[i].num_response_tokens for i in retry_of)
     return {
         "rollout/reflection_invalid_rate": invalid / max(len(parsed), 1),
         "rollout/reflection_outcome_agreement": sum(judged) / len(judged) if judged else 0.0,
@@ -242,4 +276,6 @@ def r3l_metrics(base, parsed, retry_of: list[int], pivots: list[int], improved: 
         "rollout/retry_improvement_rate": improved / max(len(retry_of), 1),
         "rollout/pivot_position": sum(positions) / len(positions) if positions else 0.0,
         "rollout/retry_tokens_saved": float(saved),
+        "rollout/retry_tokens_saved_share": saved / from_scratch if from_scratch else 0.0,
+        "rollout/pivot_late_share": sum(k > 0 for k in pivots) / len(pivots) if pivots else 0.0,
     }

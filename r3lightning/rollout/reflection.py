@@ -117,7 +117,7 @@ def ask_policy(loop: AgentLoop, messages: list[str], params: SamplingParams) -> 
     one batched engine call: (prompt tokens, generations). Reflections and critiques are asked this
     way, outside any episode."""
     prompts = standalone_prompts(loop, messages)
-    return prompts, (loop.engine.generate(prompts, params) if prompts else [])
+    return prompts, (loop.generate(prompts, params) if prompts else [])
 
 
 def standalone_prompts(loop: AgentLoop, messages: list[str]) -> list[list[int]]:
@@ -132,6 +132,18 @@ def target_tokens(tokenizer, texts: list[str]) -> list[list[int]]:
         return []
     eos = tokenizer.eos_token_id
     return [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def full_transcript(trajectory: Trajectory, tokenizer, system_prompt: str) -> str:
+    """The whole episode as the reference code shows it to the reflector: the system prompt, then
+    every observation, the full response (thoughts and action) and the environment's feedback."""
+    lines = [f"System: {system_prompt}"] if system_prompt else []
+    for i, turn in enumerate(trajectory.turns):
+        if turn.observation:
+            lines.append(f"Observation {i}: {turn.observation}")
+        lines.append(f"Response {i}: {tokenizer.decode(turn.response_ids, skip_special_tokens=True).strip() or '(empty)'}")
+        lines.append(f"Feedback {i}: {turn.feedback or '(no feedback)'}")
+    return "\n".join(lines) or "(no steps)"
 
 
 def outcome_text(trajectory: Trajectory) -> str:
@@ -177,6 +189,9 @@ class Reflector:
         guidance_template: guidance template text with the reflection's field names.
         source: ``policy`` (the policy reflects, one batched generation) or ``suite`` (the suite's
             scripted diagnostician, ``TaskSuite.diagnose``).
+        transcript_style: ``compact`` (the first observation, then one ``action -> feedback`` line per
+            step) or ``full`` (the reference code's: system prompt, every observation, full response
+            and feedback; longer prompts).
     """
 
     def __init__(
@@ -186,19 +201,29 @@ class Reflector:
         reflection_template: str,
         guidance_template: str,
         source: Literal["policy", "suite"] = "policy",
+        transcript_style: Literal["compact", "full"] = "compact",
     ) -> None:
         if source not in ("policy", "suite"):
             raise ValueError(f"reflector must be 'policy' or 'suite', got {source!r}")
+        if transcript_style not in ("compact", "full"):
+            raise ValueError(f"reflection_transcript must be 'compact' or 'full', got {transcript_style!r}")
+        self.transcript_style = transcript_style
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.reflection_template = reflection_template
         self.guidance_template = guidance_template
         self.source = source
 
-    def prompt(self, trajectory: Trajectory, tokenizer=None) -> str:
-        """The reflection request; with ``tokenizer``, ``trajectory`` is step-level and its steps are
-        shown decoded (``step_transcript``)."""
-        shown = transcript(trajectory) if tokenizer is None else step_transcript(trajectory, tokenizer)
+    def prompt(self, trajectory: Trajectory, loop: Optional[AgentLoop] = None, step_level: bool = False) -> str:
+        """The reflection request. ``step_level``: ``trajectory`` is split into reasoning steps, shown
+        decoded and numbered (``step_transcript``); ``transcript_style: full`` shows the whole episode
+        (``full_transcript``). Both need the ``loop`` (its tokenizer and system prompt)."""
+        if step_level:
+            shown = step_transcript(trajectory, loop.tokenizer)
+        elif self.transcript_style == "full" and loop is not None:
+            shown = full_transcript(trajectory, loop.tokenizer, loop.suite.system_prompt)
+        else:
+            shown = transcript(trajectory)
         return self.reflection_template.format(transcript=shown, outcome=outcome_text(trajectory))
 
     def guidance(self, reflection: Reflection | dict[str, Any]) -> str:
@@ -220,8 +245,7 @@ class Reflector:
         trajectories are split into step turns, which the transcripts number and ``retry_from_step``
         indexes. Each trajectory's ``info`` gets the reflection text and its parse error ("" when
         valid), for the sample logs."""
-        tokenizer = loop.tokenizer if step_level else None
-        messages = [self.prompt(t, tokenizer) for t in trajectories]
+        messages = [self.prompt(t, loop, step_level) for t in trajectories]
         if self.source == "suite":
             prompts = standalone_prompts(loop, messages)
             texts = scripted_reflections(loop.suite, trajectories, tasks)

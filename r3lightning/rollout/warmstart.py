@@ -67,7 +67,7 @@ def scripted_reflection_samples(loop: AgentLoop, reflector: Reflector, tasks: li
             continue
         k = min(int(diagnosis["retry_from_step"]), len(traj.turns) - 1)
         diagnosis = {**diagnosis, "retry_from_step": k}
-        [prompt] = standalone_prompts(loop, [reflector.prompt(traj)])
+        [prompt] = standalone_prompts(loop, [reflector.prompt(traj, loop)])
         [answer] = target_tokens(loop.tokenizer, [json.dumps(diagnosis)])
         samples.append(Trajectory(task.task_id, [Turn(context_ids=prompt, response_ids=answer)], 1.0, True, origin="reflect_sft"))
         continuation = suite.expert_continuation(task, traj.actions[:k])

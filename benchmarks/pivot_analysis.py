@@ -1,0 +1,125 @@
+"""Where do R³L's pivots fall, and why? The policy's retry_from_step against the diagnostician's.
+
+Resumes a warm-start checkpoint of a procedural-world recipe with the ``r3l`` preset for a few RL steps
+and records, for every base trajectory the explorer reflected on: the task's shortest-plan length, the
+episode's length and outcome, the pivot the policy's own reflection chose (when valid), and the pivot
+and outcome the suite's scripted diagnostician gives for the same actions (the first step that did not
+bring the goal closer). The JSON holds both histograms, the share of pivots k > 0, and the joint
+counts, per recipe.
+
+    python benchmarks/pivot_analysis.py --recipe configs/quickstart.yaml --ckpt WARM.ckpt --steps 5 \\
+        --out benchmarks/results/pivot_analysis_quickstart.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import lightning as L  # noqa: E402
+
+from machine_info import machine_info  # noqa: E402
+
+
+class PivotRecorder(L.Callback):
+    """After each RL step: one record per reflected base trajectory of the step."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        from r3lightning.envs.textworld_procedural import shortest_plan, world_of
+        from r3lightning.rollout.reflection import parse_reflection
+
+        suite = trainer.datamodule.suite
+        tasks = {task.task_id: task for task in batch.tasks}
+        for trajectory in module.last_trajectories:
+            if trajectory.origin != "base" or "reflection" not in trajectory.info:
+                continue
+            task = tasks[trajectory.task_id]
+            policy, error = parse_reflection(trajectory.info["reflection"], len(trajectory.turns))
+            scripted = suite.diagnose(task, trajectory.actions, [t.feedback for t in trajectory.turns])
+            world = world_of(task)
+            self.records.append({
+                "step": trainer.global_step,
+                "plan_length": len(shortest_plan(world, world.start)),
+                "turns": len(trajectory.turns),
+                "success": trajectory.success,
+                "policy_pivot": policy.retry_from_step if policy is not None else None,
+                "policy_outcome": policy.trajectory_outcome if policy is not None else None,
+                "policy_error": error,
+                "diagnosed_pivot": int(scripted["retry_from_step"]),
+                "diagnosed_outcome": scripted["trajectory_outcome"],
+            })
+
+
+def summarize(records: list[dict]) -> dict:
+    valid = [r for r in records if r["policy_pivot"] is not None]
+    failures = [r for r in records if not r["success"]]
+    joint = collections.Counter((r["policy_pivot"], r["diagnosed_pivot"]) for r in valid)
+    return {
+        "reflections": len(records),
+        "valid": len(valid),
+        "policy_pivot_histogram": dict(sorted(collections.Counter(r["policy_pivot"] for r in valid).items())),
+        "diagnosed_pivot_histogram_failures": dict(sorted(collections.Counter(r["diagnosed_pivot"] for r in failures).items())),
+        "policy_late_pivot_share": sum(r["policy_pivot"] > 0 for r in valid) / max(len(valid), 1),
+        "diagnosed_late_pivot_share_failures": sum(r["diagnosed_pivot"] > 0 for r in failures) / max(len(failures), 1),
+        "policy_matches_diagnosed_pivot": sum(r["policy_pivot"] == r["diagnosed_pivot"] for r in valid) / max(len(valid), 1),
+        "plan_length_histogram": dict(sorted(collections.Counter(r["plan_length"] for r in records).items())),
+        "turns_histogram_failures": dict(sorted(collections.Counter(r["turns"] for r in failures).items())),
+        "joint_policy_vs_diagnosed": {f"{p}->{d}": n for (p, d), n in sorted(joint.items())},
+        "success_rate": sum(r["success"] for r in records) / max(len(records), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--ckpt", required=True, help="a warm-start checkpoint of the recipe (benchmarks/compare_algorithms.py writes them)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--extra", nargs="*", default=[], help="further CLI arguments (e.g. --data.suite.init_args.max_turns 8)")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import yaml
+
+    from r3lightning.cli import R3LightningCLI
+
+    checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=False)
+    warm = int(checkpoint["global_step"])
+    recipe = yaml.safe_load(Path(args.recipe).read_text())
+    cli = R3LightningCLI(
+        args=[
+            "--config", args.recipe, "--config", "configs/algorithms/r3l.yaml",
+            "--model.phases.sft_warmup_steps", str(recipe["model"]["phases"]["sft_warmup_steps"]),
+            "--trainer.max_steps", str(warm + args.steps), "--trainer.limit_val_batches", "0",
+            "--trainer.enable_progress_bar", "false", "--trainer.logger", "false", *args.extra,
+        ],
+        run=False,
+    )
+    recorder = PivotRecorder()
+    cli.trainer.callbacks.append(recorder)
+    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=args.ckpt)
+    result = {
+        "benchmark": "pivot_analysis",
+        "figures": summarize(recorder.records),
+        "config": {"recipe": args.recipe, "ckpt": os.path.basename(args.ckpt), "warm_steps": warm, "rl_steps": args.steps, "extra": args.extra},
+        "machine": machine_info(),
+        "records": recorder.records,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["figures"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

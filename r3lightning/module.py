@@ -83,6 +83,7 @@ class R3LightningModule(L.LightningModule):
         self.consecutive_bad_steps = 0
         self.last_experience: Optional[ExperienceBatch] = None
         self.last_trajectories: list[Trajectory] = []
+        self.set_teacher(None)
         self.val_metrics = torch.nn.ModuleDict(
             {name: MeanMetric() for name in ("success_rate", "success_rate_greedy", "reward_mean")}
         )
@@ -292,6 +293,34 @@ class R3LightningModule(L.LightningModule):
         for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             grad.copy_(summed)
 
+    # ---- a frozen teacher (ReflectRL's reflective-to-direct distillation) -----------------------
+    @property
+    def teacher(self) -> Optional[torch.nn.Module]:
+        """A frozen copy of an earlier policy whose KL the RL loss also pays; not a submodule, so it
+        stays out of the module's state dict (the callback that sets it saves it)."""
+        return self.__dict__.get("_teacher")
+
+    def set_teacher(self, teacher: Optional[torch.nn.Module], coef: float = 0.0, estimator: str = "exact") -> None:
+        """Add ``coef · KL(π_θ ‖ π_teacher)`` on the RL tokens to the loss (``estimator``: ``exact`` over
+        the vocabulary, or ``sampled``: the k3 estimate from the sampled tokens' log-probs)."""
+        if estimator not in ("exact", "sampled"):
+            raise ValueError(f"teacher KL estimator must be 'exact' or 'sampled', got {estimator!r}")
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+        self.__dict__["_teacher"] = teacher
+        self.teacher_kl_coef = coef
+        self.teacher_kl_estimator = estimator
+
+    def teacher_kl(self, micro: ExperienceBatch, logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Per-token KL(π_θ ‖ π_teacher) [b, T-1] at the batch's sampling temperature."""
+        with torch.no_grad():
+            teacher_logits = self.teacher(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+        student, teacher = tempered(logits, micro.temperature), tempered(teacher_logits, micro.temperature)
+        if self.teacher_kl_estimator == "exact":
+            return algos.full_kl(student, teacher)
+        teacher_logp = algos.selective_log_softmax(teacher, micro.input_ids[:, 1:])
+        return algos.kl_estimate(logp, teacher_logp, "k3")
+
     def micro_batch_loss(self, micro: ExperienceBatch, totals: dict[str, float]) -> dict[str, torch.Tensor]:
         """Loss terms of one micro-batch, each already divided by the global counts."""
         cfg = self.algorithm
@@ -342,6 +371,12 @@ class R3LightningModule(L.LightningModule):
                 kl = algos.kl_estimate(logp, micro.ref_logprobs[:, 1:], cfg.kl_estimator)
                 out["loss_kl"] = cfg.kl_coef * algos.aggregate(kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"])
                 out["kl_ref_sum"] = (kl.detach() * mask).sum()
+            if self.teacher is not None and self.teacher_kl_coef > 0:
+                teacher_kl = self.teacher_kl(micro, logp, logits)
+                out["loss_teacher_kl"] = self.teacher_kl_coef * algos.aggregate(
+                    teacher_kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"]
+                )
+                out["kl_teacher_sum"] = (teacher_kl.detach() * mask).sum()
         if totals["sft_tokens"] > 0:
             weight = cfg.sft_weight if self.phase == "rl" else 1.0
             # The SFT head fits the model's own distribution, not the tempered sampling one; taken from the
@@ -359,7 +394,7 @@ class R3LightningModule(L.LightningModule):
                 scored = torch.maximum(mask, sft_mask)
                 out["entropy_sum"] = (ent * scored).sum()
                 out["entropy_count"] = scored.sum()
-        out["loss"] = sum((out[k] for k in ("loss_rl", "loss_kl", "loss_sft") if k in out), zero)
+        out["loss"] = sum((out[k] for k in ("loss_rl", "loss_kl", "loss_sft", "loss_teacher_kl") if k in out), zero)
         return out
 
     def _finish_update(self, optimizer, sums: dict[str, float]) -> dict[str, float]:
@@ -386,6 +421,9 @@ class R3LightningModule(L.LightningModule):
         rl_tokens = float(self.last_experience.loss_mask[:, 1:].sum()) if self.last_experience is not None else 0.0
         if "kl_ref_sum" in sums:
             stats["train/kl_ref"] = sums["kl_ref_sum"] / max(rl_tokens, 1.0)
+        if "kl_teacher_sum" in sums:
+            stats["distill/kl_teacher"] = sums["kl_teacher_sum"] / max(rl_tokens, 1.0)
+            stats["train/loss_teacher_kl"] = sums["loss_teacher_kl"]
         for name in sums:
             if name.startswith("logratio_sum/"):
                 origin = name.split("/", 1)[1]

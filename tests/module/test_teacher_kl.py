@@ -1,0 +1,55 @@
+"""The module's frozen-teacher KL term (ReflectRL's reflective-to-direct distillation)."""
+
+import copy
+
+import pytest
+import torch
+
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.data.experience import make_experience
+from r3lightning.models import build_tiny_model
+from r3lightning.module import R3LightningModule
+from r3lightning.rollout.explorers import Exploration
+from r3lightning.types import Group, Trajectory, Turn
+from conftest import TINY_SPEC
+
+
+def batch(tokenizer):
+    ids = tokenizer("Compute 2+3. \\boxed{5}", add_special_tokens=False)["input_ids"]
+    turns = [Turn(ids[:4], ids[4:], [-1.0] * len(ids[4:]))]
+    groups = [Group("t", [Trajectory("t", turns, reward=1.0, success=True), Trajectory("t", turns, reward=0.0)])]
+    experience, _ = make_experience(Exploration(groups), AlgorithmConfig(policy_loss="pg"), 1.0, tokenizer.pad_token_id)
+    return experience
+
+
+def module_with(policy, tokenizer):
+    module = R3LightningModule(algorithm=AlgorithmConfig(policy_loss="pg"))
+    module.policy, module.tokenizer = policy, tokenizer
+    return module
+
+
+@pytest.mark.parametrize("estimator", ["exact", "sampled"])
+def test_teacher_kl_is_zero_for_the_same_policy_and_positive_otherwise(world_tokenizer, estimator):
+    policy = build_tiny_model(TINY_SPEC, world_tokenizer, seed=0)
+    module = module_with(policy, world_tokenizer)
+    experience = batch(world_tokenizer)
+    totals = {"rl_tokens": float(experience.loss_mask[:, 1:].sum()), "rl_seqs": 2.0, "sft_tokens": 0.0, "sft_seqs": 0.0}
+    module.set_teacher(copy.deepcopy(policy), coef=0.5, estimator=estimator)
+    same = module.micro_batch_loss(experience, totals)
+    assert float(same["loss_teacher_kl"]) == pytest.approx(0.0, abs=1e-6)
+    module.set_teacher(build_tiny_model(TINY_SPEC, world_tokenizer, seed=1), coef=0.5, estimator=estimator)
+    other = module.micro_batch_loss(experience, totals)
+    assert float(other["loss_teacher_kl"]) > 1e-4
+    other["loss_teacher_kl"].backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.parameters())
+    assert all(p.grad is None for p in module.teacher.parameters())  # the teacher stays frozen
+
+
+def test_teacher_is_not_part_of_the_module_state(world_tokenizer):
+    policy = build_tiny_model(TINY_SPEC, world_tokenizer, seed=0)
+    module = module_with(policy, world_tokenizer)
+    before = set(module.state_dict())
+    module.set_teacher(copy.deepcopy(policy), coef=0.1)
+    assert set(module.state_dict()) == before
+    with pytest.raises(ValueError, match="exact' or 'sampled"):
+        module.set_teacher(policy, coef=0.1, estimator="k9")

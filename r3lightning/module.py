@@ -25,6 +25,7 @@ from torchmetrics import MeanMetric
 from r3lightning import algos
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
+from r3lightning.data.collate import collate_experience
 from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.data.experience import make_experience
@@ -33,7 +34,7 @@ from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
 from r3lightning.rollout.engine import RolloutEngine
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, trajectory_metrics
-from r3lightning.types import ExperienceBatch, Trajectory
+from r3lightning.types import ExperienceBatch, Group, Trajectory
 
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -84,6 +85,7 @@ class R3LightningModule(L.LightningModule):
         self.last_experience: Optional[ExperienceBatch] = None
         self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
+        self.last_ranking_bonus = 0.0
         self.val_metrics = torch.nn.ModuleDict(
             {name: MeanMetric() for name in ("success_rate", "success_rate_greedy", "reward_mean")}
         )
@@ -100,6 +102,12 @@ class R3LightningModule(L.LightningModule):
         dm = self.datamodule
         for warning in check_combination(self.algorithm, dm.explorer, dm.demos.reflections):
             rank_zero_warn(warning)
+        ranking = self.algorithm.ranking
+        if ranking.enabled and not ranking.r_fail + ranking.delta < dm.max_reward:
+            raise ValueError(
+                f"model.algorithm.ranking: r_fail + delta ({ranking.r_fail} + {ranking.delta}) must stay below "
+                f"data.max_reward ({dm.max_reward}), or a failure could reach a success's reward"
+            )
 
     def configure_model(self) -> None:
         if self.policy is None:
@@ -150,7 +158,13 @@ class R3LightningModule(L.LightningModule):
         timings["rollout"] = time.perf_counter() - start
         start = time.perf_counter()
         experience, trajectories = make_experience(
-            exploration, self.algorithm, dm.max_reward, self.tokenizer.pad_token_id, dm.scoring_temperature
+            exploration,
+            self.algorithm,
+            dm.max_reward,
+            self.tokenizer.pad_token_id,
+            dm.scoring_temperature,
+            shape_rewards=self.reward_shaping(),
+            replay_behaviour=dm.replay.behaviour,
         )
         timings["reward"] = time.perf_counter() - start
         self.last_trajectories, self.last_experience = trajectories, experience
@@ -173,12 +187,53 @@ class R3LightningModule(L.LightningModule):
             metrics["perf/rollout_tokens_per_s"] = generated / max(timings["rollout"], 1e-9)
             if hasattr(self.engine, "metrics"):
                 metrics.update(self.engine.metrics())
+            if self.algorithm.ranking.enabled:
+                metrics["reward/ranking_bonus_mean"] = self.last_ranking_bonus
         metrics.update(stats)
         metrics["time/train_s"] = timings["train"]
         metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(timings["train"], 1e-9)
         metrics.update(experience_metrics(experience))
         metrics["train/phase_rl"] = float(self.phase == "rl")
         return {k: float(v) for k, v in metrics.items()}
+
+    # ---- R³'s ranking reward (the experience path's reward-shaping hook) ------------------------
+    def reward_shaping(self):
+        """The ``RewardShaping`` hook of this step: R³'s structural-entropy ranking of failed samples
+        when ``algorithm.ranking.enabled``, else None. Entropies come from the trainer's own forward
+        pass (at the sampling temperature), so they do not depend on the engine."""
+        cfg = self.algorithm.ranking
+        if not cfg.enabled:
+            return None
+        max_reward = self.datamodule.max_reward
+
+        def shape(groups: list[Group]) -> list[float]:
+            rl = [t for g in groups for t in g.trajectories]
+            batch = collate_experience(rl, [0.0] * len(rl), self.tokenizer.pad_token_id, pivotal_credit=False)
+            batch.temperature = self.datamodule.scoring_temperature
+            entropy = self.response_entropy(batch)
+            response = (batch.turn_index[:, 1:] >= 0).float()
+            scores = algos.structural_entropy_score(entropy, response, cfg.top_q, cfg.window, cfg.weight_local, cfg.weight_global)
+            rewards = torch.tensor([t.reward for t in rl], dtype=torch.float32)
+            failed = torch.tensor([t.reward < max_reward and not t.reward_error for t in rl])
+            group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
+            shaped = algos.ranking_reward(scores, rewards, failed, group_index, cfg.r_fail, cfg.delta, max_reward)
+            self.last_ranking_bonus = float((shaped - rewards)[failed].mean()) if failed.any() else 0.0
+            return shaped.tolist()
+
+        return shape
+
+    @torch.no_grad()
+    def response_entropy(self, batch: ExperienceBatch) -> torch.Tensor:
+        """Per-token entropy [B, T-1] of the policy at the batch's temperature, in micro-batches."""
+        entropy = torch.zeros(batch.input_ids.shape[0], max(batch.input_ids.shape[1] - 1, 0))
+        for rows in batch.micro_batches(self.optim_config.micro_batch_size):
+            micro = batch.take(rows).to(self.device)
+            if micro.input_ids.shape[1] < 2:
+                continue
+            logits = self.policy(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+            values = algos.entropy_from_logits(tempered(logits, micro.temperature)).float().cpu()
+            entropy[rows, : values.shape[1]] = values
+        return entropy
 
     # ---- optimization -------------------------------------------------------------------------
     def _reduce_sum(self, value: float) -> float:
@@ -208,7 +263,10 @@ class R3LightningModule(L.LightningModule):
                 continue
             if cfg.recompute_old_logprobs:
                 logp, _ = self.sequence_logprobs(self.policy, micro)
-                experience.old_logprobs[rows, 1:cols] = logp.float().cpu()
+                # Replayed rows keep the log-probs of the policy that sampled them: their ratio is the point.
+                sampled = torch.tensor([b == "sampled" for b in micro.behaviour_of_rows()]).unsqueeze(1)
+                kept = experience.old_logprobs[rows, 1:cols]
+                experience.old_logprobs[rows, 1:cols] = torch.where(sampled, logp.float().cpu(), kept)
             if need_ref:
                 ref_model = self.reference if self.reference is not None else self.policy
                 context = self.policy.disable_adapter() if self.reference is None else contextlib.nullcontext()
@@ -337,10 +395,11 @@ class R3LightningModule(L.LightningModule):
         zero = logp.sum() * 0.0
         if totals["rl_tokens"] > 0:
             off_policy = torch.tensor([o == "off_policy" for o in micro.origins], device=logp.device).unsqueeze(1)
-            # An off-policy refinement was sampled in another context (with its critique), so its behaviour
-            # log-probs say nothing about these tokens: its rows take the shaping loss below, and the ratio
-            # of their unused branch is pinned to 1, since an inf there would still turn gradients to NaN.
-            old_logprobs = torch.where(off_policy, logp.detach(), micro.old_logprobs[:, 1:])
+            pinned = torch.tensor([b == "pinned" for b in micro.behaviour_of_rows()], device=logp.device).unsqueeze(1)
+            # Pinned rows have no usable behaviour log-probs: an off-policy refinement was sampled in another
+            # context (with its critique; its rows take the shaping loss below), a replayed sample treated as
+            # on-policy is scored as if drawn now. Their ratio is 1; an inf there would still turn gradients to NaN.
+            old_logprobs = torch.where(pinned, logp.detach(), micro.old_logprobs[:, 1:])
             result = algos.policy_loss(
                 logp, old_logprobs, advantages, mask, cfg.policy_loss, cfg.clip_eps_low, cfg.clip_eps_high
             )
@@ -350,7 +409,7 @@ class R3LightningModule(L.LightningModule):
                 per_token = torch.where(off_policy, shaped, per_token)
             out["loss_rl"] = algos.aggregate(per_token, mask, cfg.aggregation, totals["rl_tokens"], totals["rl_seqs"])
             if result.ratio is not None:
-                m = mask.bool() & ~off_policy
+                m = mask.bool() & ~pinned
                 out["ratio_sum"] = (result.ratio * m).sum().detach()
                 out["ratio_max"] = (result.ratio * m).max().detach() if m.any() else zero.detach()
                 out["clip_count"] = (result.clipped & m).sum().detach().float()

@@ -183,6 +183,10 @@ class ExperienceBatch:
     advantages: per-token advantage (the sequence's advantage broadcast on its loss tokens).
     rewards: [B] per-sequence reward; ``origins`` and ``task_ids`` are per-sequence lists.
     temperature: the sampling temperature of the RL rows (the trainer scores them under it).
+    behaviour: per row, what ``old_logprobs`` are: ``sampled`` (the engine's, may be recomputed by the
+        trainer), ``stored`` (a replayed sample's, from the policy that made it: never recomputed, so
+        the ratio corrects for its age) or ``pinned`` (none usable: the ratio is held at 1). Empty
+        means every row is ``sampled``.
     """
 
     input_ids: torch.Tensor
@@ -197,9 +201,13 @@ class ExperienceBatch:
     origins: list[str] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
     temperature: float = 1.0
+    behaviour: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def behaviour_of_rows(self) -> list[str]:
+        return self.behaviour or ["sampled"] * len(self)
 
     def to(self, device: torch.device | str) -> "ExperienceBatch":
         moved = {}
@@ -227,7 +235,7 @@ class ExperienceBatch:
                     value = value[:, :length]
                 picked[name] = value
             elif isinstance(value, list):
-                picked[name] = [value[i] for i in rows.tolist()]
+                picked[name] = [value[i] for i in rows.tolist()] if value else []
             else:
                 picked[name] = value
         return ExperienceBatch(**picked)

@@ -1,4 +1,4 @@
-"""Pure-torch algorithm core: advantages, masks, policy/SFT/KL losses, aggregation.
+"""Pure-torch algorithm core: advantages, masks, policy/SFT/KL losses, aggregation, ranking reward, pass@k.
 
 Imports neither lightning, transformers nor vllm (tested), so the math can be read, tested and
 reused on its own, the way verl's core_algos is.
@@ -24,6 +24,13 @@ from r3lightning.algos.losses import (
     shaped_off_policy_loss,
 )
 from r3lightning.algos.masks import pivotal_mask
+from r3lightning.algos.pass_at_k import mean_at_k, pass_at_k
+from r3lightning.algos.ranking import (
+    global_stability_score,
+    local_exploration_score,
+    ranking_reward,
+    structural_entropy_score,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -34,15 +41,21 @@ __all__ = [
     "compute_advantages",
     "entropy_from_logits",
     "full_kl",
+    "global_stability_score",
     "group_mean_std",
     "kl_estimate",
+    "local_exploration_score",
     "masked_mean",
+    "mean_at_k",
+    "pass_at_k",
     "pivotal_mask",
     "policy_loss",
     "positive_amplification",
+    "ranking_reward",
     "selective_log_softmax",
     "sft_nll",
     "shaped_off_policy_loss",
     "shift_logits_and_labels",
+    "structural_entropy_score",
     "zero_variance_group_rate",
 ]

@@ -6,8 +6,32 @@ so stacking a preset on any recipe gives exactly that method.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
+
+
+@dataclass
+class RankingConfig:
+    """R³'s structural-entropy ranking reward for failed samples (``algos.ranking``, docs/r3.md).
+
+    Args:
+        enabled: give failed (and truncated) samples ordered rewards in ``[r_fail, r_fail + delta]`` by
+            the structure of their token entropies (one extra no-grad forward pass per step).
+        top_q: share of a response's tokens, the most uncertain ones, in the local-exploration score.
+        window: tokens per window of the global-stability score.
+        weight_local: weight of the local-exploration score.
+        weight_global: weight of the global-stability score.
+        r_fail: reward of the worst-ranked failure.
+        delta: reward spread of the failures; ``r_fail + delta`` must stay below ``data.max_reward``.
+    """
+
+    enabled: bool = False
+    top_q: float = 0.2
+    window: int = 8
+    weight_local: float = 1.0
+    weight_global: float = 1.0
+    r_fail: float = 0.0
+    delta: float = 0.2
 
 
 @dataclass
@@ -45,6 +69,7 @@ class AlgorithmConfig:
             for ratios when the engine's numerics differ from the trainer's, or for replayed samples).
         update_epochs: passes over each batch (more than 1 makes the importance ratio move away from 1).
         mask_truncated: give truncated samples no RL loss (overlong filtering).
+        ranking: R³'s structural-entropy ranking reward for failed samples (``RankingConfig``).
     """
 
     advantage: Literal["grpo", "dr_grpo", "rloo", "opmd", "reinforce", "raft"] = "grpo"
@@ -66,6 +91,7 @@ class AlgorithmConfig:
     recompute_old_logprobs: bool = False
     update_epochs: int = 1
     mask_truncated: bool = False
+    ranking: RankingConfig = field(default_factory=RankingConfig)
 
 
 METHOD_FIELDS: tuple[str, ...] = (
@@ -85,6 +111,7 @@ METHOD_FIELDS: tuple[str, ...] = (
     "meta_tasks_as",
     "off_policy_gamma",
     "recompute_old_logprobs",
+    "ranking",
 )
 """The fields that define a method; every preset sets all of them (tested). The others (``adv_eps``,
 ``update_epochs``, ``mask_truncated``) are numerics a recipe may tune."""

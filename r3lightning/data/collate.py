@@ -32,6 +32,7 @@ def collate_experience(
     pivotal_credit: bool = True,
     max_length: Optional[int] = None,
     sft_rows: Optional[Sequence[bool]] = None,
+    replay_behaviour: str = "stored",
 ) -> ExperienceBatch:
     """Pad ``trajectories`` to [B, T] and build the masks.
 
@@ -42,6 +43,7 @@ def collate_experience(
     max_length: sequences longer than this are cut on the right (their tail gets no loss).
     sft_rows: which rows the SFT head trains (default: ``Trajectory.is_sft``); meta-task samples
         trained as positive RL samples are SFT-origin rows marked False here.
+    replay_behaviour: what replayed rows' behaviour log-probs are (``row_behaviour``).
     """
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
@@ -83,4 +85,18 @@ def collate_experience(
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         origins=[t.origin for t in trajectories],
         task_ids=[t.task_id for t in trajectories],
+        behaviour=[row_behaviour(t.origin, replay_behaviour) for t in trajectories],
     )
+
+
+def row_behaviour(origin: str, replay_behaviour: str = "stored") -> str:
+    """What a row's behaviour log-probs are (``ExperienceBatch.behaviour``), from its origin:
+    ``pinned`` for off-policy refinements (sampled with a critique in context, so no log-prob of these
+    tokens under the plain prompt), ``replay_behaviour`` for replayed samples, ``sampled`` otherwise."""
+    if replay_behaviour not in ("stored", "pinned"):
+        raise ValueError(f"replay behaviour must be 'stored' or 'pinned', got {replay_behaviour!r}")
+    if origin == "off_policy":
+        return "pinned"
+    if origin == "replay":
+        return replay_behaviour
+    return "sampled"

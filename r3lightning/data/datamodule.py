@@ -34,6 +34,7 @@ from r3lightning.rollout.agent_loop import (
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers import Exploration, ExplorationSpec, Explorer, SampleExplorer
+from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step, replay_into_groups
 from r3lightning.rollout.reflection import Reflector, load_template
 from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
@@ -114,6 +115,9 @@ class RolloutDataModule(L.LightningDataModule):
         max_reward: the reward of a full success, the one value every part reads: explorers (which
             samples are solved and get no reflection or critique, the meta-task rule), the objective
             (positive amplification, ``raft``'s filter) and the success metrics.
+        replay: R³'s cross-context replay (``ReplayConfig``): a buffer of past trajectories per task,
+            injected into groups whose rewards agree. The buffer is kept (and checkpointed) whenever
+            replay is on or the explorer reads past attempts.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_tasks_per_batch: int = 32,
         seed: int = 0,
         max_reward: float = 1.0,
+        replay: ReplayConfig = ReplayConfig(),
     ) -> None:
         super().__init__()
         if group_size < 1 or tasks_per_step < 1:
@@ -149,6 +154,9 @@ class RolloutDataModule(L.LightningDataModule):
         self._demo_rows: Optional[list[list[dict]]] = None
         self.loop: Optional[AgentLoop] = None
         self.tokenizer = None
+        self.replay = dataclasses.replace(replay)
+        keeps_history = self.replay.enabled or self.explorer.traits.uses_history
+        self.buffer = ReplayBuffer(self.replay.max_per_task, self.replay.max_total) if keeps_history else None
 
     # ---- task streams -------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -173,12 +181,16 @@ class RolloutDataModule(L.LightningDataModule):
         state = {"cursor": self.cursor}
         if hasattr(self.explorer, "state_dict"):
             state["explorer"] = self.explorer.state_dict()
+        if self.buffer is not None:
+            state["replay_buffer"] = self.buffer.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.cursor = int(state["cursor"])
         if "explorer" in state and hasattr(self.explorer, "load_state_dict"):
             self.explorer.load_state_dict(state["explorer"])
+        if self.buffer is not None and "replay_buffer" in state:
+            self.buffer.load_state_dict(state["replay_buffer"])
 
     def tokenizer_corpus(self) -> list[str]:
         """Texts an in-memory tokenizer is trained on: the suite's, plus the reflection vocabulary
@@ -228,15 +240,23 @@ class RolloutDataModule(L.LightningDataModule):
         self.cursor = batch.step + 1
         if phase == "sft":
             return Exploration(groups=[], sft=self.demonstrations(batch))
-        spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward)
+        seed = self.rollout_seed(batch.step)
+        spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward, self.buffer, random.Random(seed))
         loop = self.connected_loop
         before = loop.generated_tokens
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.rollout_seed(batch.step))
+            torch.manual_seed(seed)
             exploration = self.explorer.explore(batch.tasks, loop, spec)
         # Everything the step generated: episodes, and the reflections, critiques and retries that
         # reflection methods add (what a method spends, to compare methods at equal cost).
         exploration.metrics["rollout/generated_tokens"] = float(loop.generated_tokens - before)
+        if self.replay.enabled:
+            figures = replay_into_groups(
+                exploration.groups, self.buffer, self.replay, batch.step, self.max_reward, random.Random(seed + 1), loop.rerender
+            )
+            exploration.metrics.update(figures)
+        elif self.buffer is not None:
+            record_step(exploration.groups, self.buffer, batch.step)
         return exploration
 
     def evaluate(self, tasks: list[Task], greedy: bool) -> list[Trajectory]:

@@ -50,11 +50,14 @@ def make_experience(
     pad_token_id: int,
     temperature: float = 1.0,
     shape_rewards: Optional[RewardShaping] = None,
+    replay_behaviour: str = "stored",
 ) -> tuple[ExperienceBatch, list[Trajectory]]:
     """(the padded batch, its trajectories in row order: the RL groups' members, then the SFT samples).
 
     temperature: the sampling temperature the RL rows were drawn at (the trainer scores them under it).
     shape_rewards: optional reward-shaping hook (``RewardShaping``); the advantages use its rewards.
+    replay_behaviour: how replayed rows are scored (``ExperienceBatch.behaviour``): ``stored`` (the
+        ratio against the log-probs of the policy that sampled them) or ``pinned`` (as if on-policy).
     """
     groups = exploration.groups
     rl = [t for g in groups for t in g.trajectories]
@@ -77,6 +80,7 @@ def make_experience(
         pad_token_id,
         pivotal_credit=objective.pivotal_credit,
         sft_rows=[False] * len(rl) + [not positive for positive in as_positive],
+        replay_behaviour=replay_behaviour,
     )
     if objective.mask_truncated:
         truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool).unsqueeze(1)

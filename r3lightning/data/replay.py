@@ -7,8 +7,10 @@ same task with the opposite outcome, so the group has an advantage gap again. Th
 - keyed by task id, a deep copy of each added trajectory (turns with tokens and behaviour log-probs,
   reward, success, origin, ``model_version`` = the weight version that made it) and the training step
   it was added at;
-- bounded per task (``max_per_task``) and in total (``max_total``), oldest evicted first: a task over
-  its bound drops its own oldest, then a buffer over its total drops the globally oldest;
+- bounded per task and outcome (``max_per_task`` successes and as many failures) and in total
+  (``max_total``), oldest evicted first: a task over a bound drops its own oldest of that outcome,
+  then a buffer over its total drops the globally oldest. Bounding the outcomes separately keeps a
+  task's rare success even when it keeps failing, and that success is what an all-fail group needs;
 - ``sample`` draws uniformly at random, without replacement, with the caller's ``random.Random``, so
   replay is reproducible from the seeded rng and does not always replay the same few trajectories.
   Staleness is bounded by ``max_per_task``; the returned step and ``model_version`` let the caller
@@ -50,7 +52,7 @@ _PLAIN_SCALARS = (int, float, str, bool, type(None))
 class ReplayBuffer:
     """Past trajectories per task, bounded per task and in total, oldest evicted first.
 
-    max_per_task: trajectories kept per task; max_total: trajectories kept in all;
+    max_per_task: trajectories kept per task and outcome; max_total: trajectories kept in all;
     max_visits: outcomes remembered per task for ``recent_failures``.
     """
 
@@ -66,8 +68,8 @@ class ReplayBuffer:
     def _clear(self) -> None:
         # Insertion number -> entry, oldest first: the globally oldest is always the first item.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        # Task id -> its insertion numbers, oldest first; a task with nothing stored has no key.
-        self._by_task: dict[str, deque[int]] = {}
+        # (task id, success) -> its insertion numbers, oldest first; nothing stored, no key.
+        self._by_task: dict[tuple[str, bool], deque[int]] = {}
         self._visits: dict[str, deque[bool]] = {}
         self._next_seq = 0
         self._num_bytes = 0
@@ -77,7 +79,8 @@ class ReplayBuffer:
 
     def add(self, trajectory: Trajectory, step: int) -> None:
         """Store a copy of ``trajectory`` (keyed by its task id), added at training step ``step``,
-        then evict the task's oldest beyond ``max_per_task`` and the globally oldest beyond ``max_total``."""
+        then evict the task's oldest of that outcome beyond ``max_per_task`` and the globally oldest
+        beyond ``max_total``."""
         state = _trajectory_state(trajectory)
         _check_plain(state, trajectory.task_id)
         self._insert(self._next_seq, state, int(step))
@@ -91,14 +94,13 @@ class ReplayBuffer:
         """
         if k < 0:
             raise ValueError(f"ReplayBuffer.sample: k must be >= 0, got {k}")
-        matching = [self._entries[seq] for seq in self._by_task.get(task_id, ())]
-        matching = [entry for entry in matching if entry.trajectory.success == want_success]
+        matching = [self._entries[seq] for seq in self._by_task.get((task_id, bool(want_success)), ())]
         picked = rng.sample(matching, min(k, len(matching)))
         return [(_copy_trajectory(entry.trajectory), entry.step) for entry in picked]
 
     def tasks_with_history(self) -> list[str]:
         """Task ids with at least one stored trajectory, sorted."""
-        return sorted(self._by_task)
+        return sorted({task_id for task_id, _ in self._by_task})
 
     def num_bytes(self) -> int:
         """Estimated memory of the stored trajectories: 8 bytes per token id, log-prob and other number,
@@ -143,7 +145,7 @@ class ReplayBuffer:
         entry = _Entry(_trajectory_from_state(state), step, _estimate_bytes(state))
         self._entries[seq] = entry
         self._num_bytes += entry.num_bytes
-        task_seqs = self._by_task.setdefault(entry.trajectory.task_id, deque())
+        task_seqs = self._by_task.setdefault(_key(entry.trajectory), deque())
         task_seqs.append(seq)
         while len(task_seqs) > self.max_per_task:
             self._drop_oldest_of_task(task_seqs[0])
@@ -155,10 +157,15 @@ class ReplayBuffer:
         # both eviction rules remove the head of that task's deque.
         entry = self._entries.pop(seq)
         self._num_bytes -= entry.num_bytes
-        task_seqs = self._by_task[entry.trajectory.task_id]
+        key = _key(entry.trajectory)
+        task_seqs = self._by_task[key]
         task_seqs.popleft()
         if not task_seqs:
-            del self._by_task[entry.trajectory.task_id]
+            del self._by_task[key]
+
+
+def _key(trajectory: Trajectory) -> tuple[str, bool]:
+    return trajectory.task_id, bool(trajectory.success)
 
 
 @dataclasses.dataclass
@@ -284,3 +291,106 @@ def _plain_bytes(value: Any) -> int:
     if isinstance(value, dict):
         return sum(_plain_bytes(k) + _plain_bytes(v) for k, v in value.items())
     return 8
+
+
+@dataclasses.dataclass
+class ReplayConfig:
+    """R³'s cross-context replay (``data.replay``; docs/r3.md).
+
+    Args:
+        enabled: inject stored trajectories into groups whose rewards (nearly) agree.
+        k: stored trajectories injected per such group, at most.
+        agreement_tol: a group whose rewards span at most this much counts as agreeing.
+        into_all_fail: put past successes into groups where every sample failed (the paper's case).
+        into_all_success: also put past failures into groups where every sample succeeded.
+        behaviour: how replayed samples are scored: ``stored`` (the clipped importance ratio against
+            the log-probs of the policy that sampled them, with a ratio-based policy loss) or ``pinned``
+            (plain on-policy treatment, ratio 1).
+        max_per_task: trajectories kept per task and outcome.
+        max_total: trajectories kept in all (``replay/size``; ``replay/bytes`` estimates their memory).
+        max_age_steps: never replay a trajectory stored more than this many steps ago (null: no limit).
+    """
+
+    enabled: bool = False
+    k: int = 1
+    agreement_tol: float = 1e-6
+    into_all_fail: bool = True
+    into_all_success: bool = False
+    behaviour: typing.Literal["stored", "pinned"] = "stored"
+    max_per_task: int = 4
+    max_total: int = 4096
+    max_age_steps: typing.Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"data.replay.k must be >= 1, got {self.k}")
+        if self.behaviour not in ("stored", "pinned"):
+            raise ValueError(f"data.replay.behaviour must be 'stored' or 'pinned', got {self.behaviour!r}")
+
+
+def flat_groups(rewards_per_group: list[list[float]], tol: float) -> list[bool]:
+    """Whether each group's rewards span at most ``tol`` (no advantage gap)."""
+    return [bool(rewards) and max(rewards) - min(rewards) <= tol for rewards in rewards_per_group]
+
+
+def replay_into_groups(
+    groups,
+    buffer: ReplayBuffer,
+    config: ReplayConfig,
+    step: int,
+    max_reward: float,
+    rng: random.Random,
+    rerender: typing.Callable[[Trajectory], Trajectory] = lambda trajectory: trajectory,
+) -> dict[str, float]:
+    """Cross-context replay for one step's groups (``r3lightning.types.Group``), in place.
+
+    For every group whose rewards agree: if all failed (all succeeded), up to ``config.k`` stored
+    trajectories of the task with the other outcome join it with origin ``replay``, their tokens
+    passed through ``rerender`` (the prompt template may have changed since they were stored). Then
+    the step is recorded for later steps — one visit per group (failed when no fresh sample
+    succeeded) and a copy of every fresh trajectory — so a group never replays its own samples.
+    Returns the figures of the step: ``replay/*`` and ``train/zero_variance_group_rate_before_replay``.
+    """
+    flat = flat_groups([g.rewards for g in groups], config.agreement_tol)
+    rescued, hits, ages, wanted = 0, 0, [], 0
+    for group, is_flat in zip(groups, flat):
+        if not is_flat or config.k <= 0:
+            continue
+        solved = min(group.rewards) >= max_reward
+        if (solved and not config.into_all_success) or (not solved and not config.into_all_fail):
+            continue
+        wanted += 1
+        found = buffer.sample(group.task_id, want_success=not solved, k=config.k, rng=rng)
+        found = [(t, added) for t, added in found if config.max_age_steps is None or step - added <= config.max_age_steps]
+        if not found:
+            continue
+        hits += 1
+        for trajectory, added in found:
+            # No pivot: the partner it shared a prefix with is not in this group.
+            group.trajectories.append(dataclasses.replace(rerender(trajectory), origin="replay", pivot=None))
+            ages.append(step - added)
+        rescued += int(not flat_groups([group.rewards], config.agreement_tol)[0])
+    record_step(groups, buffer, step)
+    return {
+        "train/zero_variance_group_rate_before_replay": sum(flat) / max(len(flat), 1),
+        "replay/rescued_group_rate": rescued / max(len(groups), 1),
+        "replay/hit_rate": hits / max(wanted, 1),
+        "replay/age_steps": sum(ages) / len(ages) if ages else 0.0,
+        "replay/injected": float(len(ages)),
+        "replay/size": float(len(buffer)),
+        "replay/bytes": float(buffer.num_bytes()),
+    }
+
+
+def record_step(groups, buffer: ReplayBuffer, step: int) -> None:
+    """One visit per group (failed when no fresh sample succeeded) and a copy of every fresh sample of
+    the plain prompt whose reward is sound. In-context reflection reads the visits; replay reads the
+    copies."""
+    for group in groups:
+        # Samples of the plain prompt only: an in-context sample's prompt holds a past attempt.
+        fresh = [t for t in group.trajectories if t.origin in ("base", "distilled") and not t.reward_error]
+        if not fresh:
+            continue
+        buffer.record_visit(group.task_id, any(t.success for t in fresh))
+        for trajectory in fresh:
+            buffer.add(trajectory, step)

@@ -146,6 +146,22 @@ class AgentLoop:
         self.generated_tokens += sum(len(g.token_ids) for g in generations)
         return generations
 
+    def rerender(self, trajectory: Trajectory) -> Trajectory:
+        """``trajectory`` with its context tokens rendered by this loop's chat template from the
+        observations it stored (generated tokens untouched), when the template has changed since it
+        was played; the trajectory itself when its first prompt is what this loop would render."""
+        if not trajectory.turns or not trajectory.turns[0].observation:
+            return trajectory
+        first = self.chat.first_prompt(trajectory.turns[0].observation)
+        if first == trajectory.turns[0].context_ids:
+            return trajectory
+        turns, previous_eos = [], False
+        for i, turn in enumerate(trajectory.turns):
+            context = [] if not turn.context_ids else first if i == 0 else self.chat.next_user_turn(turn.observation, previous_eos)
+            turns.append(dataclasses.replace(turn, context_ids=context))
+            previous_eos = turn.response_ids[-1:] == [self.tokenizer.eos_token_id]
+        return dataclasses.replace(trajectory, turns=turns)
+
     def run(self, requests: list[EpisodeRequest], params: SamplingParams) -> list[Trajectory]:
         """Play every request to the end; one batched engine call per turn of all active episodes."""
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Optional, Protocol
 
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.types import Group, Trajectory
+
+
+class AttemptHistory(Protocol):
+    """Past attempts per task (the datamodule's replay buffer, ``r3lightning.data.replay``)."""
+
+    def recent_failures(self, task_id: str, m: int) -> bool:
+        """Whether the task's last ``m`` visits all failed."""
+
+    def sample(self, task_id: str, want_success: bool, k: int, rng: random.Random) -> list[tuple[Trajectory, int]]:
+        """Up to ``k`` stored trajectories of the task with that outcome, with the step they were stored at."""
 
 
 @dataclass
@@ -19,11 +30,15 @@ class ExplorationSpec:
     sampling: sampling parameters of the episodes.
     max_reward: the reward of a full success (``data.max_reward``): at or above it a sample is solved
         (no reflection or critique, the meta-task rule).
+    history: past attempts per task, for explorers whose traits say ``uses_history``.
+    rng: the step's random stream for choices an explorer makes outside the engine (seeded per step).
     """
 
     group_size: int
     sampling: SamplingParams
     max_reward: float = 1.0
+    history: Optional[AttemptHistory] = None
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,7 @@ class ExplorerTraits:
     distilled_samples: some trajectories were sampled under guidance and are trained without it, so
         their behaviour log-probs belong to another context.
     reflects: it writes R³L reflections (the scripted reflection warm-start needs its templates).
+    uses_history: it reads past attempts (``ExplorationSpec.history``), so the datamodule keeps them.
     """
 
     sets_pivots: bool = False
@@ -44,6 +60,7 @@ class ExplorerTraits:
     off_policy_samples: bool = False
     distilled_samples: bool = False
     reflects: bool = False
+    uses_history: bool = False
 
 
 @dataclass

@@ -12,29 +12,25 @@ import sys
 import time
 from unittest import mock
 
-import lightning as L
 import pytest
 import torch
+from hanging_suite import HangingSuite
+from harness import ARITHMETIC, TINY_SPEC, module_and_data, quiet_trainer
 
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning import algos
 from r3lightning.cli import main
 from r3lightning.data.collate import collate_experience
-from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
-from r3lightning.envs.base import StepResult, Task, TaskSuite
+from r3lightning.data.datamodule import corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig
-from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, SamplingParams
 from r3lightning.rollout.explorers import ExplorerTraits, SampleExplorer
 from r3lightning.types import Trajectory, Turn
 
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
-ARITHMETIC = dict(source="arithmetic", num_val_tasks=4, instruction="")
 
 
 # ---- configuration and files given to `r3l fit` ---------------------------------------------------
@@ -95,8 +91,8 @@ def test_dataset_errors_through_the_cli_name_file_row_and_field(tmp_path, capsys
 
 
 def test_tokenizer_without_chat_template(tmp_path):
-    tokenizer = build_tokenizer(["What is 1+1?", "\\boxed{2}"] * 4, vocab_size=300)
-    model = build_tiny_model(SPEC, tokenizer)
+    tokenizer = build_tokenizer(["What is 1+1?", "\\boxed{2}"] * 4, vocab_size=TINY_SPEC.vocab_size)
+    model = build_tiny_model(TINY_SPEC, tokenizer)
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="tokenizer has no chat template; set model.chat_template"):
         ChatFormatter(tokenizer)
@@ -112,50 +108,14 @@ def test_tokenizer_without_chat_template(tmp_path):
 
 # ---- rollouts that go wrong during training ---------------------------------------------------------
 def fit(suite, steps=1, agent=None, algorithm=None, callbacks=(), max_new_tokens=6, tmp_path=None, explorer=None):
-    dm = RolloutDataModule(
-        suite, explorer=explorer, group_size=4, tasks_per_step=2, sampling=SamplingParams(max_new_tokens=max_new_tokens),
-        agent=agent or AgentLoopConfig(action_format="raw", max_context_tokens=128),
+    module, dm = module_and_data(
+        suite, explorer=explorer, max_new_tokens=max_new_tokens, agent=agent,
+        algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"), micro_batch_size=3,
     )
-    module = R3LightningModule(
-        model=ModelConfig(tiny=SPEC), algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
-        optim=OptimConfig(lr=1e-3, micro_batch_size=3),
-    )
-    trainer = L.Trainer(
-        max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks), default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(steps, callbacks=list(callbacks), default_root_dir=tmp_path)
     trainer.fit(module, dm)
     assert trainer.global_step == steps and module.skipped_steps == 0
     return module, {k: float(v) for k, v in trainer.callback_metrics.items()}
-
-
-class HangingEnv:
-    """A reward function that never returns on odd tasks."""
-
-    def reset(self, task):
-        self.task = task
-        return task.prompt
-
-    def step(self, action):
-        if self.task.data["index"] % 2:
-            time.sleep(10**6)
-        return StepResult("", 1.0, True, {"success": True})
-
-
-class HangingSuite(TaskSuite):
-    system_prompt, max_turns = "Answer.", 1
-
-    def make_env(self):
-        return HangingEnv()
-
-    def train_task(self, index):
-        return Task(f"hang#{index}", f"Question {index}?", data={"index": index})
-
-    def val_tasks(self):
-        return [self.train_task(0)]
-
-    def demonstration(self, task):
-        return None
 
 
 def test_hanging_reward_is_cut_masked_counted_and_training_completes(tmp_path, capsys):
@@ -205,7 +165,7 @@ class EmptyEngine:
 def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
     suite = MathSuite(**ARITHMETIC)
     config = AgentLoopConfig(action_format="raw")
-    tokenizer = build_tokenizer(corpus_from_suite(suite, config, num_tasks=8), vocab_size=300)
+    tokenizer = build_tokenizer(corpus_from_suite(suite, config, num_tasks=8), vocab_size=TINY_SPEC.vocab_size)
     loop = AgentLoop(suite, EmptyEngine(), tokenizer, config)
     trajectories = loop.run([EpisodeRequest(task=suite.train_task(i)) for i in range(2)], SamplingParams())
     for t in trajectories:
@@ -221,7 +181,7 @@ def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
 def test_overlong_generations_are_cut_at_the_context_limit_and_counted():
     suite = MathSuite(**ARITHMETIC)
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=128)
-    tokenizer = build_tokenizer(corpus_from_suite(suite, agent), SPEC.vocab_size)  # what configure_model builds
+    tokenizer = build_tokenizer(corpus_from_suite(suite, agent), TINY_SPEC.vocab_size)  # what configure_model builds
     chat = ChatFormatter(tokenizer, suite.system_prompt)
     longest_prompt = max(len(chat.first_prompt(suite.train_task(i).prompt)) for i in range(2))
     limit = longest_prompt + 3

@@ -1,8 +1,9 @@
 """Every YAML under configs/ parses with the real ``r3l`` parser; stacking, errors and --help behave.
 
-Parsing builds the R3LightningCLI parser once (the real subclass, its trainer defaults and every
-dataclass/class signature) and stops before anything is instantiated, so no model is built, nothing
-is trained and no optional strategy package (deepspeed) is imported.
+Parsing uses the R3LightningCLI parser built once (``harness.parse_only_cli``: the real subclass, its
+trainer defaults and every dataclass/class signature), stopped right after parsing, so nothing is
+seeded or instantiated, no model is built, nothing is trained and no optional strategy package
+(deepspeed) is imported.
 
 Complete recipes (files that name ``data.suite``) are parsed alone; fragments (``configs/algorithms``,
 ``configs/trainer``, ``configs/engine``, anything without a suite) are parsed stacked on the CPU
@@ -17,37 +18,20 @@ import dataclasses
 import io
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
+from harness import BASE_RECIPE as BASE, CONFIGS, ROOT, parse_only_cli
 
 from r3lightning.cli import R3LightningCLI
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
-BASE = CONFIGS / "examples" / "grpo_arithmetic_cpu.yaml"
 FRAGMENT_DIRS = {"algorithms", "trainer", "engine"}
 ALL_YAML = sorted(p for p in CONFIGS.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
 
 
-class _Parsed(Exception):
-    """Raised from before_instantiate_classes to stop the CLI after parsing."""
-
-
-class _ParseOnlyCLI(R3LightningCLI):
-    def before_instantiate_classes(self) -> None:
-        raise _Parsed(self)
-
-
 @pytest.fixture(scope="module")
 def cli() -> R3LightningCLI:
-    try:
-        with mock.patch.object(sys, "argv", ["r3l"]):  # pytest's own argv would trigger a CLI warning
-            _ParseOnlyCLI(args=["fit", "--config", str(BASE)])
-    except _Parsed as stop:
-        return stop.args[0]
-    raise AssertionError("the CLI did not reach before_instantiate_classes")
+    return parse_only_cli()
 
 
 def _load(path: Path) -> dict:
@@ -163,6 +147,8 @@ def test_every_preset_sets_every_method_defining_key_and_its_explorer():
         assert set(preset["model"]["algorithm"]) == set(METHOD_FIELDS), path.name
         explorer = preset["data"]["explorer"]
         assert "class_path" in explorer and "init_args" in explorer, path.name
+        assert "enabled" in preset["data"]["replay"], path.name
+        assert "enabled" in preset["model"]["algorithm"]["ranking"], path.name
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
@@ -172,10 +158,13 @@ def test_a_preset_means_the_same_method_on_every_recipe(cli, preset):
     expected = _load(preset)
     algorithm, explorer = expected["model"]["algorithm"], expected["data"]["explorer"]
     for recipe in RECIPES:
-        cfg = cli.parser.parse_args(["fit", "--config", str(recipe), "--config", str(preset)]).fit
-        resolved = vars(cfg.model.algorithm)
+        parsed = cli.parser.parse_args(["fit", "--config", str(recipe), "--config", str(preset)])
+        cfg = parsed.fit
+        resolved = yaml.safe_load(cli.parser.dump(parsed, skip_none=False))["fit"]
         for key, value in algorithm.items():
-            assert _same(value, resolved[key]) or (value is None and resolved[key] is None), f"{recipe.name} + {preset.name}: {key}"
+            assert _same(value, resolved["model"]["algorithm"][key]), f"{recipe.name} + {preset.name}: {key}"
+        for key, value in expected["data"]["replay"].items():
+            assert _same(value, resolved["data"]["replay"][key]), f"{recipe.name} + {preset.name}: replay {key}"
         assert cfg.data.explorer.class_path == explorer["class_path"], f"{recipe.name} + {preset.name}"
         init_args = vars(getattr(cfg.data.explorer, "init_args", None) or argparse.Namespace())
         for key, value in explorer["init_args"].items():
@@ -341,9 +330,9 @@ def test_gpu_recipes_run_r3l_on_qwen(cli, name):
     assert "UNTESTED" in header and f"r3l fit --config configs/recipes/{name}" in header
 
 
-def test_comparison_arms_parse_on_the_quickstart_with_its_alpha(cli, monkeypatch):
-    """benchmarks/compare_algorithms.py: every arm's arguments parse on the recipe, and the amplifying
-    arms run the recipe's alpha rather than their preset's."""
+def test_comparison_arms_parse_on_the_quickstart_as_their_presets(cli, monkeypatch):
+    """benchmarks/compare_algorithms.py: every arm parses on the recipe and is its preset as it is;
+    --arm adds a preset with overrides."""
     import argparse
     import importlib.util
 
@@ -354,16 +343,17 @@ def test_comparison_arms_parse_on_the_quickstart_with_its_alpha(cli, monkeypatch
     args = argparse.Namespace(recipe="configs/quickstart.yaml", warmup_steps=None, rl_steps=None, val_every=None, alpha=None)
     compare.recipe_defaults(args)
     recipe = _load(CONFIGS / "quickstart.yaml")
-    assert args.alpha == recipe["model"]["algorithm"]["alpha"]
     assert args.warmup_steps + args.rl_steps == recipe["trainer"]["max_steps"]
-    for method, arm in compare.METHODS.items():
-        alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in compare.AMPLIFIED else []
-        parsed = cli.parser.parse_args(["fit", "--config", args.recipe, *arm, *alpha])
-        algorithm = parsed.fit.model.algorithm
-        assert algorithm.positive_amplification == (method in compare.AMPLIFIED), method
-        if algorithm.positive_amplification:
-            assert algorithm.alpha == args.alpha, method
-        assert algorithm.pivotal_credit == (method not in ("grpo", "r3l_wo_credit", "r3l_wo_reflect")), method
+    name, arm = compare.parse_arm("r3l_sft01=r3l,model.algorithm.sft_weight=0.1")
+    assert name == "r3l_sft01" and arm[-2:] == ["--model.algorithm.sft_weight", "0.1"]
+    for method, arm in [*compare.METHODS.items(), (name, arm)]:
+        algorithm = cli.parser.parse_args(["fit", "--config", args.recipe, *arm]).fit.model.algorithm
+        preset = _load(CONFIGS / "algorithms" / f"{method.split('_sft')[0]}.yaml")["model"]["algorithm"]
+        assert algorithm.positive_amplification == preset["positive_amplification"], method
+        assert algorithm.pivotal_credit == preset["pivotal_credit"], method
+        if method in compare.METHODS:
+            assert (method in compare.AMPLIFIED) == preset["positive_amplification"], method
+    assert cli.parser.parse_args(["fit", "--config", args.recipe, *arm]).fit.model.algorithm.sft_weight == 0.1
 
 
 def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):

@@ -4,20 +4,17 @@
 import json
 from dataclasses import replace
 
-import lightning as L
 import pytest
 import torch
 from digit_suite import DigitSuite
+from harness import TINY_SPEC, module_and_data, quiet_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.export import export_checkpoint, main
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, tokenizer_fingerprint
+from r3lightning.models import ModelConfig, build_tiny_model, tokenizer_fingerprint
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 TEXTS = ["Say a number above 3.", "4", "Answer with a number. 17"]
 
 
@@ -28,12 +25,10 @@ def train(ckpt_path, model: ModelConfig, kl_coef=0.0, weights_only=False):
     Only the weights matter to an export, so a seeded perturbation stands in for optimizer steps
     (a fit of 0 steps does the set-up in a second). It moves LoRA's B matrices off zero, so merging
     is not a no-op, and leaves the KL reference where it was, so exporting it instead would show."""
-    dm = RolloutDataModule(DigitSuite(), group_size=2, tasks_per_step=2, agent=AgentLoopConfig(action_format="raw"))
-    module = R3LightningModule(model=model, algorithm=AlgorithmConfig(kl_coef=kl_coef))
-    trainer = L.Trainer(
-        max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    module, dm = module_and_data(
+        DigitSuite(), group_size=2, agent=AgentLoopConfig(action_format="raw"), model=model, algorithm=AlgorithmConfig(kl_coef=kl_coef)
     )
+    trainer = quiet_trainer(0)
     trainer.fit(module, dm)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -60,12 +55,12 @@ def assert_same_logits(exported, policy, tokenizer, atol=1e-6):
 
 CASES = {
     # KL to a reference: the checkpoint also holds reference.* weights, which must stay out.
-    "full-tied-kl": dict(model=ModelConfig(tiny=SPEC), kl_coef=0.05),
+    "full-tied-kl": dict(model=ModelConfig(tiny=TINY_SPEC), kl_coef=0.05),
     # Lightning's weights-only checkpoint (no optimizer or callback states) exports the same way.
     "llama-untied-weights-only": dict(
-        model=ModelConfig(tiny=replace(SPEC, architecture="llama", tie_word_embeddings=False)), weights_only=True
+        model=ModelConfig(tiny=replace(TINY_SPEC, architecture="llama", tie_word_embeddings=False)), weights_only=True
     ),
-    "lora-tied": dict(model=ModelConfig(tiny=SPEC, lora_rank=4, lora_alpha=8)),
+    "lora-tied": dict(model=ModelConfig(tiny=TINY_SPEC, lora_rank=4, lora_alpha=8)),
 }
 
 
@@ -131,7 +126,7 @@ def test_main_cli(trained, capsys):
 def lora_on_local_base(tmp_path_factory):
     """A LoRA run on a local base model: the export of a tiny run, trained on from its directory."""
     root = tmp_path_factory.mktemp("local-base")
-    train(str(root / "base.ckpt"), ModelConfig(tiny=SPEC))
+    train(str(root / "base.ckpt"), ModelConfig(tiny=TINY_SPEC))
     base = export_checkpoint(str(root / "base.ckpt"), str(root / "base"))
     ckpt = str(root / "lora.ckpt")
     policy, tokenizer = train(ckpt, ModelConfig(name_or_path=base, lora_rank=4, lora_alpha=8))

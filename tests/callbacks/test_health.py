@@ -6,42 +6,9 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from harness import module_and_data, quiet_trainer
 
 from r3lightning.callbacks.health import BAD_STEPS_CHECKPOINT, EXCEPTION_CHECKPOINT, HealthWatchdog
-from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, TinyModelSpec
-from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig
-from r3lightning.module import R3LightningModule
-from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
-
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
-
-
-def make(max_bad_steps=5):
-    dm = RolloutDataModule(
-        MathSuite(source="arithmetic", num_val_tasks=4, instruction=""),
-        group_size=4,
-        tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=6),
-        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
-    )
-    module = R3LightningModule(
-        model=ModelConfig(tiny=SPEC),
-        algorithm=AlgorithmConfig(policy_loss="pg"),
-        optim=OptimConfig(lr=1e-3, micro_batch_size=8),
-        max_bad_steps=max_bad_steps,
-    )
-    return module, dm
-
-
-def trainer(steps, root, callbacks):
-    return L.Trainer(
-        max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(root), callbacks=callbacks,
-    )
 
 
 def poison(module, dm, bad_batches):
@@ -67,10 +34,10 @@ class Recorder(L.Callback):
 
 
 def test_non_finite_steps_are_skipped_counted_and_training_continues(tmp_path, capsys):
-    module, dm = make(max_bad_steps=3)
+    module, dm = module_and_data(max_bad_steps=3)
     poison(module, dm, {1, 2})
     recorder = Recorder()
-    t = trainer(4, tmp_path, [HealthWatchdog(), recorder])
+    t = quiet_trainer(4, default_root_dir=str(tmp_path), callbacks=[HealthWatchdog(), recorder])
     t.fit(module, dm)
     # Six batches for four optimizer steps: the two poisoned ones changed nothing and were counted.
     assert t.global_step == 4 and dm.cursor == 6
@@ -84,7 +51,7 @@ def test_non_finite_steps_are_skipped_counted_and_training_continues(tmp_path, c
 
 
 def test_too_many_bad_steps_stop_with_checkpoint_and_message(tmp_path, capsys):
-    module, dm = make(max_bad_steps=3)
+    module, dm = module_and_data(max_bad_steps=3)
     poison(module, dm, set(range(1, 100)))
     good = {}
 
@@ -93,7 +60,7 @@ def test_too_many_bad_steps_stop_with_checkpoint_and_message(tmp_path, capsys):
             if batch.step == 0:
                 good.update({k: v.clone() for k, v in module.policy.state_dict().items()})
 
-    t = trainer(20, tmp_path, [Snapshot(), HealthWatchdog()])
+    t = quiet_trainer(20, default_root_dir=str(tmp_path), callbacks=[Snapshot(), HealthWatchdog()])
     t.fit(module, dm)
     assert t.global_step == 1 and dm.cursor == 4 and module.skipped_steps == 3
     path = tmp_path / "checkpoints" / BAD_STEPS_CHECKPOINT
@@ -110,7 +77,7 @@ def test_too_many_bad_steps_stop_with_checkpoint_and_message(tmp_path, capsys):
 
 
 def test_exception_mid_training_saves_what_was_trained(tmp_path, capsys):
-    module, dm = make()
+    module, dm = module_and_data()
     original = module.micro_batch_loss
 
     def crash_on_third_batch(micro, totals):
@@ -120,14 +87,14 @@ def test_exception_mid_training_saves_what_was_trained(tmp_path, capsys):
 
     module.micro_batch_loss = crash_on_third_batch
     with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer(5, tmp_path, [HealthWatchdog()]).fit(module, dm)
+        quiet_trainer(5, default_root_dir=str(tmp_path), callbacks=[HealthWatchdog()]).fit(module, dm)
     path = tmp_path / "checkpoints" / EXCEPTION_CHECKPOINT
     assert torch.load(path, weights_only=False)["global_step"] == 2
     assert f"saved in {path}" in capsys.readouterr().out
 
 
 def test_dynamics_warnings_print_once_and_log_flags(tmp_path, capsys):
-    module, dm = make()
+    module, dm = module_and_data()
     watchdog = HealthWatchdog(window=1, entropy_min=100.0, entropy_max=0.0, length_growth_factor=0.0, zero_variance_max=-1.0)
     flags = []
 
@@ -135,7 +102,7 @@ def test_dynamics_warnings_print_once_and_log_flags(tmp_path, capsys):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             flags.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("health/")})
 
-    t = trainer(3, tmp_path, [watchdog, Spy()])
+    t = quiet_trainer(3, default_root_dir=str(tmp_path), callbacks=[watchdog, Spy()])
     t.fit(module, dm)
     out = capsys.readouterr().out
     for kind in ("entropy_collapse", "entropy_explosion", "response_len_growth", "zero_variance_groups"):

@@ -7,19 +7,12 @@ import lightning as L
 import pytest
 import torch
 from digit_suite import DigitSuite
+from harness import module_and_data, quiet_trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor, pick_samples
-from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.models import ModelConfig, TinyModelSpec
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig, PhaseConfig
-from r3lightning.module import R3LightningModule
-from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
 from r3lightning.types import Trajectory, Turn
-
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 
 
 def event_scalars_and_texts(log_dir):
@@ -58,24 +51,16 @@ class Expected(L.Callback):
 
 def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
     # Digit rewards are mixed from the start, so the first RL update moves the policy off the reference.
-    dm = RolloutDataModule(
+    module, dm = module_and_data(
         DigitSuite(),
-        group_size=4,
-        tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=6),
-        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
-    )
-    module = R3LightningModule(
-        model=ModelConfig(tiny=SPEC),
         algorithm=AlgorithmConfig(policy_loss="ppo_clip", kl_coef=0.05, kl_estimator="k3"),
-        optim=OptimConfig(lr=3e-3, micro_batch_size=8),
-        phases=PhaseConfig(sft_warmup_steps=1),
+        lr=3e-3,
+        sft_steps=1,
     )
     expected = Expected()
     logger = TensorBoardLogger(str(tmp_path), name="run")
-    trainer = L.Trainer(
-        max_steps=3, logger=logger, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    trainer = quiet_trainer(
+        3, logger=logger, log_every_n_steps=1,
         callbacks=[TrainingDynamicsMonitor(), RolloutSampleLogger(every_n_steps=2, num_samples=3), expected],
     )
     trainer.fit(module, dm)

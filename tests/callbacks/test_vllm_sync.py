@@ -2,24 +2,22 @@
 log-prob probe (including a deliberately dropped sync), and a short ``r3l fit`` with the vllm engine."""
 
 import os
-import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from harness import TWO_LAYER_SPEC, free_port, run_workers
 
 from r3lightning.callbacks.vllm_sync import LogprobMismatchError, VLLMWeightSync
-from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
+from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.hf_engine import HFEngine
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = TinyModelSpec(
-    hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
-    vocab_size=300, tie_word_embeddings=False,
-)
+SPEC = replace(TWO_LAYER_SPEC, tie_word_embeddings=False)  # untied: the LM head is streamed on its own
 CORPUS = ["What is 17 + 25? The answer is \\boxed{42}.", "Name three colours: red, green, blue."] * 20
 
 
@@ -54,18 +52,6 @@ def train(policy, tokenizer, steps=2, lr=2e-2):
 
 
 
-def run_workers(fn, args, nprocs, start_method, timeout_s=240):
-    """start_processes with a deadline: a hung worker fails the test instead of the whole run."""
-    import time
-
-    context = torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{fn.__name__}: workers did not finish within {timeout_s} s")
-
 def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -97,18 +83,9 @@ def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
 
 @pytest.mark.slow  # two gloo processes; hung under heavy CPU contention, kept out of CI
 def test_probe_forward_under_fsdp_matches_the_unsharded_model(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     tokenizer = build_tokenizer(CORPUS, SPEC.vocab_size)
     result = tmp_path / "probe.pt"
-    run_workers(
-        _fsdp_probe_worker, args=(2, port, tokenizer.backend_tokenizer.to_str(), str(result)), nprocs=2,
-        # fork (fast) unless vLLM was loaded here: its OpenMP/thread state makes forked children hang
-        start_method="spawn" if "vllm" in sys.modules or torch.distributed.is_initialized() else "fork",
-    )
+    run_workers(_fsdp_probe_worker, args=(2, free_port(), tokenizer.backend_tokenizer.to_str(), str(result)), nprocs=2)
     assert torch.load(result)["diff"] < 1e-5
 
 

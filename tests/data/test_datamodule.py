@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from harness import TINY_SPEC
 
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.datamodule import TaskStream, conversation_trajectory, load_chat_jsonl
@@ -113,7 +114,7 @@ def test_micro_batches_group_rows_by_length_and_take_keeps_rows_whole():
 def test_reflection_demos_limited_to_reflection_tasks_per_step():
     from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
     from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
-    from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer
+    from r3lightning.models import build_tiny_model, build_tokenizer
     from r3lightning.rollout.hf_engine import HFEngine
     from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
 
@@ -124,8 +125,8 @@ def test_reflection_demos_limited_to_reflection_tasks_per_step():
         tasks_per_step=2,
         demos=DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=1),
     )
-    tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=512)
-    engine = HFEngine(build_tiny_model(TinyModelSpec(vocab_size=512), tokenizer), tokenizer)
+    tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=TINY_SPEC.vocab_size)
+    engine = HFEngine(build_tiny_model(TINY_SPEC, tokenizer), tokenizer)
     dm.connect(engine, tokenizer)
     demos = dm.demonstrations(TaskBatch(step=0, tasks=[suite.train_task(0), suite.train_task(1)]))
     origins = [d.origin for d in demos]

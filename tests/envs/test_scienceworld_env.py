@@ -1,49 +1,22 @@
-"""ScienceWorld suite (JVM simulator) through the agent loop: gold demonstrations, failures, splits.
+"""ScienceWorld suite (JVM simulator): splits, the first observation, rewards, failures, the step
+limit and valid-action listing, simulator pooling, missing Java.
 
-One task (``find-living-thing``, gold paths of 10-12 actions) keeps the module to a few JVM starts.
+What every suite must do (pure task streams, held-out validation, the environment protocol, gold
+demonstrations and a random policy through the agent loop) is checked in test_suite_contract.py on
+the ``scienceworld_suite`` fixture (tests/conftest.py): one task, ``find-living-thing``, keeps the
+session to a few JVM starts.
 """
 
 import gc
-import sys
 
 import pytest
-import torch
+from harness import SCIENCEWORLD_TASK as TASK
 
-from r3lightning.data.datamodule import corpus_from_suite
-from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer
-from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
-
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=400)
-TASK = "find-living-thing"
+from r3lightning.rollout.agent_loop import EpisodeRequest
 
 
-@pytest.fixture(scope="module")
-def suite():
-    pytest.importorskip("scienceworld")
-    from r3lightning.envs.scienceworld_env import ScienceWorldSuite
-
-    try:
-        suite = ScienceWorldSuite(task_names=[TASK], num_val_per_task=1)
-    except RuntimeError as err:  # no Java on this machine
-        pytest.skip(str(err))
-    yield suite
-    suite.close()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(suite):
-    return build_tokenizer(corpus_from_suite(suite, AgentLoopConfig(), num_tasks=1), vocab_size=SPEC.vocab_size)
-
-
-@pytest.fixture(scope="module")
-def loop(suite, tokenizer):
-    model = build_tiny_model(SPEC, tokenizer, seed=0)
-    return AgentLoop(suite, HFEngine(model, tokenizer), tokenizer, AgentLoopConfig(max_context_tokens=8192))
-
-
-def test_splits_follow_the_package_variations(suite):
+def test_splits_follow_the_package_variations(scienceworld_suite):
+    suite = scienceworld_suite
     variations = suite.variations[TASK]
     assert variations["train"] and variations["dev"] and variations["test"]
     assert set(variations["train"]).isdisjoint(variations["dev"])
@@ -55,19 +28,13 @@ def test_splits_follow_the_package_variations(suite):
     assert len({t.task_id for t in train}) == 5  # one shuffled pass over 150 training variations
 
 
-def test_gold_demonstration_succeeds_through_the_loop(suite, loop):
-    tasks = [suite.train_task(0)] + suite.val_tasks()
-    demos = [suite.demonstration(t) for t in tasks]
-    assert all(demos) and all(len(d) <= suite.max_turns for d in demos)
-    played = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], demos)
-    for traj, demo in zip(played, demos):
-        assert traj.success and traj.reward == 1.0 and traj.actions == demo
-        assert traj.end_reason == "done"
-    first = loop.tokenizer.decode(played[0].turns[0].context_ids)
+def test_first_observation_states_the_task_and_the_room(scienceworld_suite):
+    first = scienceworld_suite.make_env().reset(scienceworld_suite.train_task(0))
     assert "Your task is to find a(n) living thing" in first and "This room is called" in first
 
 
-def test_reward_is_clipped_score_and_failure_ends_the_episode(suite):
+def test_reward_is_clipped_score_and_failure_ends_the_episode(scienceworld_suite):
+    suite = scienceworld_suite
     task = suite.train_task(0)
     demo = suite.demonstration(task)
     env = suite.make_env()
@@ -89,13 +56,11 @@ def test_reward_is_clipped_score_and_failure_ends_the_episode(suite):
     assert failed.observation.endswith("The task failed.")
 
 
-def test_step_limit_and_valid_action_listing(suite):
-    from r3lightning.envs.scienceworld_env import ScienceWorldSuite
-
-    listing = ScienceWorldSuite(task_names=[TASK], max_turns=2, list_valid_actions=True)
+def test_step_limit_and_valid_action_listing(scienceworld_suite, make_scienceworld_suite):
+    listing = make_scienceworld_suite(max_turns=2, list_valid_actions=True)
     try:
         env = listing.make_env()
-        first = env.reset(suite.train_task(0))
+        first = env.reset(scienceworld_suite.train_task(0))
         valid_line = first.splitlines()[-1]
         assert valid_line.startswith("Valid actions: ") and "look around" in valid_line
         step = env.step("look around")
@@ -108,19 +73,8 @@ def test_step_limit_and_valid_action_listing(suite):
         listing.close()
 
 
-def test_random_model_plays_episodes_through_the_loop(suite, tokenizer, loop):
-    torch.manual_seed(0)
-    task = suite.train_task(0)
-    small = AgentLoop(suite, loop.engine, tokenizer, AgentLoopConfig(max_context_tokens=640))
-    trajectories = small.run([EpisodeRequest(task=task) for _ in range(2)], SamplingParams(max_new_tokens=8))
-    assert len(trajectories) == 2
-    for traj in trajectories:
-        assert 1 <= len(traj.turns) <= suite.max_turns
-        assert 0.0 <= traj.reward <= 1.0 and traj.success == (traj.reward == 1.0)
-        assert traj.end_reason in {"done", "max_turns", "context_limit"}
-
-
-def test_simulators_are_pooled(suite, loop):
+def test_simulators_are_pooled(scienceworld_suite, tiny_loops):
+    suite, loop = scienceworld_suite, tiny_loops(scienceworld_suite)
     gc.collect()
     task = suite.train_task(0)
     demo = suite.demonstration(task)
@@ -140,15 +94,6 @@ def test_missing_java_says_how_to_install_it(monkeypatch):
     if _importable("scienceworld"):
         with pytest.raises(RuntimeError, match="java"):
             scienceworld_env.ScienceWorldSuite(task_names=[TASK])
-
-
-def test_missing_package_names_the_extra(monkeypatch):
-    from r3lightning.envs.scienceworld_env import ScienceWorldSuite
-
-    monkeypatch.setitem(sys.modules, "scienceworld", None)
-    monkeypatch.setitem(sys.modules, "scienceworld.constants", None)
-    with pytest.raises(ImportError, match=r"pip install 'r3lightning\[envs\]'"):
-        ScienceWorldSuite()
 
 
 def _importable(name):

@@ -5,11 +5,12 @@ run with ``pytest -m gpu tests/gpu``."""
 import lightning as L
 import pytest
 import torch
+from harness import TINY_SPEC, quiet_trainer, weights_changed
 
 from r3lightning.algos import selective_log_softmax
 from r3lightning.data.datamodule import DemoConfig, RolloutDataModule
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model
+from r3lightning.models import ModelConfig
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.optim import OptimConfig, PhaseConfig
 from r3lightning.module import R3LightningModule
@@ -65,10 +66,8 @@ def _module_and_data():
         explorer=ReflectRetryExplorer(max_reflection_tokens=48),
         demos=DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=2),
     )
-    spec = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         intermediate_size=128, vocab_size=400)
     module = R3LightningModule(
-        model=ModelConfig(tiny=spec),
+        model=ModelConfig(tiny=TINY_SPEC),
         algorithm=AlgorithmConfig(policy_loss="pg", positive_amplification=True, pivotal_credit=True, sft_weight=0.1),
         optim=OptimConfig(lr=1e-3, micro_batch_size=8),
         phases=PhaseConfig(sft_warmup_steps=2),
@@ -85,16 +84,13 @@ def test_sft_then_r3l_fit_on_gpu(precision):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             devices.append(next(pl_module.policy.parameters()).device.type)
 
-    trainer = L.Trainer(
-        accelerator="gpu", devices=1, precision=precision, max_steps=4, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=1,
-        val_check_interval=4, check_val_every_n_epoch=None, callbacks=[DeviceSpy()],
+    trainer = quiet_trainer(
+        4, accelerator="gpu", devices=1, precision=precision, limit_val_batches=1, val_check_interval=4,
+        check_val_every_n_epoch=None, callbacks=[DeviceSpy()],
     )
     trainer.fit(module, data)
     assert devices == ["cuda"] * 4  # Lightning moves the module back to the CPU when fit ends
-    untrained = build_tiny_model(module.model_config.tiny, module.tokenizer, seed=0)
-    changed = [not torch.equal(a.cpu(), b) for a, b in zip(module.policy.parameters(), untrained.parameters())]
-    assert all(changed)
+    assert all(weights_changed(module))
     assert module.skipped_steps == 0
     metrics = trainer.callback_metrics
     for tag in ("train/loss_rl", "train/grad_norm", "rollout/reflection_invalid_rate", "val/success_rate_greedy"):

@@ -19,21 +19,15 @@ torch.set_num_threads(1)
 
 import lightning as L  # noqa: E402
 from digit_suite import DigitSuite  # noqa: E402
+from harness import module_and_data, quiet_trainer  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from r3lightning.callbacks.health import HealthWatchdog  # noqa: E402
 from r3lightning.callbacks.monitor import TrainingDynamicsMonitor  # noqa: E402
-from r3lightning.data.datamodule import RolloutDataModule  # noqa: E402
 from r3lightning.envs.base import Task  # noqa: E402
-from r3lightning.models import ModelConfig, TinyModelSpec  # noqa: E402
-from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig, PhaseConfig
-from r3lightning.module import R3LightningModule
-from r3lightning.rollout.agent_loop import AgentLoopConfig  # noqa: E402
-from r3lightning.rollout.engine import SamplingParams  # noqa: E402
+from r3lightning.algos.objective import AlgorithmConfig  # noqa: E402
 
 STEPS = 3
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 
 
 class CountingSuite(DigitSuite):
@@ -86,24 +80,12 @@ class Record(L.Callback):
 
 
 def main(out_dir: str) -> None:
-    dm = RolloutDataModule(
-        CountingSuite(),
-        group_size=4,
-        tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=6),
-        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
-    )
-    module = R3LightningModule(
-        model=ModelConfig(tiny=SPEC),
-        algorithm=AlgorithmConfig(policy_loss="ppo_clip"),
-        optim=OptimConfig(lr=1e-3, micro_batch_size=3),
-        phases=PhaseConfig(sft_warmup_steps=1),
+    module, dm = module_and_data(
+        CountingSuite(), algorithm=AlgorithmConfig(policy_loss="ppo_clip"), micro_batch_size=3, sft_steps=1
     )
     record = Record()
-    trainer = L.Trainer(
-        strategy=DDPStrategy(process_group_backend="gloo"), accelerator="cpu", devices=2,
-        max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    trainer = quiet_trainer(
+        STEPS, strategy=DDPStrategy(process_group_backend="gloo"), accelerator="cpu", devices=2,
         callbacks=[TrainingDynamicsMonitor(), HealthWatchdog(), record],  # record reads what the others logged
     )
     trainer.fit(module, dm)

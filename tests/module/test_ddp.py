@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).with_name("ddp_train.py")
 def test_two_process_ddp_shards_tasks_and_keeps_replicas_identical(tmp_path):
     # A script in a fresh interpreter: Lightning's DDP launcher re-runs it for rank 1, and the test
     # process itself is never forked.
-    path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")]  # tests/ for the shared digit suite
+    path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")]  # tests/ for the digit suite and the harness
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600

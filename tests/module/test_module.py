@@ -4,45 +4,15 @@
 import lightning as L
 import pytest
 import torch
+from harness import TINY_SPEC, module_and_data, quiet_trainer, weights_changed
 
-from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model
+from r3lightning.models import build_tiny_model
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig, PhaseConfig
-from r3lightning.module import R3LightningModule
-from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
-
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
-
-
-def make(sft_steps=0, micro=8, algorithm=None, lr=1e-3, tasks=2, group=4):
-    dm = RolloutDataModule(
-        MathSuite(source="arithmetic", num_val_tasks=4, instruction=""),
-        group_size=group,
-        tasks_per_step=tasks,
-        sampling=SamplingParams(max_new_tokens=6),
-        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
-    )
-    module = R3LightningModule(
-        model=ModelConfig(tiny=SPEC),
-        algorithm=algorithm or AlgorithmConfig(policy_loss="pg"),
-        optim=OptimConfig(lr=lr, micro_batch_size=micro),
-        phases=PhaseConfig(sft_warmup_steps=sft_steps),
-    )
-    return module, dm
+from r3lightning.optim import OptimConfig
 
 
 def _fingerprint(model):
     return sum(float(p.detach().double().sum()) for p in model.parameters())
-
-
-def trainer(steps, **kw):
-    return L.Trainer(
-        max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, **kw
-    )
 
 
 class WeightWatcher(L.Callback):
@@ -64,9 +34,9 @@ class WeightWatcher(L.Callback):
 
 
 def test_rollout_k_uses_weights_after_update_k_minus_1():
-    module, dm = make()
+    module, dm = module_and_data()
     watcher = WeightWatcher()
-    trainer(4, callbacks=[watcher]).fit(module, dm)
+    quiet_trainer(4, callbacks=[watcher]).fit(module, dm)
     assert sorted(watcher.after_update) == [1, 2, 3, 4]
     for step in (1, 2, 3):
         # The batch rolled out at global step k was produced with the weights left by update k.
@@ -75,12 +45,10 @@ def test_rollout_k_uses_weights_after_update_k_minus_1():
 
 
 def test_parameters_change_and_metrics_logged():
-    module, dm = make(sft_steps=1)
-    t = trainer(3)
+    module, dm = module_and_data(sft_steps=1)
+    t = quiet_trainer(3)
     t.fit(module, dm)
-    untrained = build_tiny_model(SPEC, module.tokenizer, seed=0)
-    changed = [not torch.equal(a, b) for a, b in zip(module.policy.parameters(), untrained.parameters())]
-    assert all(changed)
+    assert all(weights_changed(module))
     metrics = t.callback_metrics
     for tag in ("train/loss_rl", "reward/mean", "train/entropy", "train/grad_norm", "time/rollout_s", "train/zero_variance_group_rate"):
         assert tag in metrics, tag
@@ -92,9 +60,9 @@ def test_warm_start_does_not_depend_on_the_sampling_temperature():
     # (dividing by 0.7 and multiplying back is not exact in floating point).
     weights = []
     for temperature in (1.0, 0.7):
-        module, dm = make(sft_steps=2)
+        module, dm = module_and_data(sft_steps=2)
         dm.sampling.temperature = temperature
-        trainer(2).fit(module, dm)
+        quiet_trainer(2).fit(module, dm)
         weights.append([p.detach().clone() for p in module.policy.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*weights))
 
@@ -115,8 +83,8 @@ def _gradients(module, experience):
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
 def test_gradient_independent_of_micro_batch_size(aggregation):
-    module, dm = make(algorithm=AlgorithmConfig(policy_loss="ppo_clip", aggregation=aggregation))
-    t = trainer(1)
+    module, dm = module_and_data(algorithm=AlgorithmConfig(policy_loss="ppo_clip", aggregation=aggregation))
+    t = quiet_trainer(1)
     t.fit(module, dm)
     experience = module.last_experience
     experience.advantages = torch.randn_like(experience.advantages) * experience.loss_mask
@@ -129,8 +97,8 @@ def test_gradient_independent_of_micro_batch_size(aggregation):
 
 @pytest.mark.parametrize("sft_aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_sft_aggregation_value_and_micro_batch_independence(sft_aggregation):
-    module, dm = make(sft_steps=1, algorithm=AlgorithmConfig(sft_aggregation=sft_aggregation))
-    trainer(1).fit(module, dm)
+    module, dm = module_and_data(sft_steps=1, algorithm=AlgorithmConfig(sft_aggregation=sft_aggregation, sft_weight=1.0))
+    quiet_trainer(1).fit(module, dm)
     experience = module.last_experience  # demonstrations: SFT tokens only
     module.optim_config.micro_batch_size = len(experience)
     full = _gradients(module, experience)
@@ -150,14 +118,14 @@ def test_sft_aggregation_value_and_micro_batch_independence(sft_aggregation):
 
 
 def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):
-    module, dm = make(sft_steps=2)
+    module, dm = module_and_data(sft_steps=2)
     phases = []
 
     class PhaseSpy(L.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             phases.append((module.last_trajectories[0].origin, trainer.callback_metrics["train/phase_rl"].item()))
 
-    t = trainer(4, callbacks=[PhaseSpy()])
+    t = quiet_trainer(4, callbacks=[PhaseSpy()])
     t.fit(module, dm)
     assert [p[0] for p in phases] == ["demo", "demo", "base", "base"]
     path = tmp_path / "last.ckpt"
@@ -195,7 +163,7 @@ def test_scheduled_learning_rate_cosine_decays_each_phase():
 
 @pytest.mark.parametrize("reset", [True, False])
 def test_optimizer_state_reset_when_rl_starts(reset):
-    module, dm = make(sft_steps=2)
+    module, dm = module_and_data(sft_steps=2)
     module.phases.reset_optimizer_for_rl = reset
     adam_steps = []
 
@@ -204,7 +172,7 @@ def test_optimizer_state_reset_when_rl_starts(reset):
             state = module.optimizers().optimizer.state[next(module.policy.parameters())]
             adam_steps.append(int(state["step"]))
 
-    trainer(4, callbacks=[AdamStepSpy()]).fit(module, dm)
+    quiet_trainer(4, callbacks=[AdamStepSpy()]).fit(module, dm)
     # AdamW counts its own steps: a reset restarts the count (and the moments) at the first RL step.
     assert adam_steps == ([1, 2, 1, 2] if reset else [1, 2, 3, 4])
 
@@ -214,13 +182,11 @@ def test_validations_during_sft_skipped_without_changing_training():
 
     runs = {}
     for validate_during_sft in (True, False):
-        module, dm = make(sft_steps=2)
+        module, dm = module_and_data(sft_steps=2)
         module.phases.validate_during_sft = validate_during_sft
         report = PhaseReport()
-        L.Trainer(
-            max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=1,
-            check_val_every_n_epoch=None, limit_val_batches=1, callbacks=[report],
+        quiet_trainer(
+            3, val_check_interval=1, check_val_every_n_epoch=None, limit_val_batches=1, callbacks=[report]
         ).fit(module, dm)
         runs[validate_during_sft] = ([r["step"] for r in report.records], WeightWatcher.fingerprint(module))
     assert runs[True][0] == [1, 2, 3]
@@ -232,8 +198,8 @@ def test_validations_during_sft_skipped_without_changing_training():
 def test_logratio_per_origin_is_zero_for_fresh_samples():
     """train/logratio_<origin>: the trainer's log-probs of freshly sampled tokens, before the update,
     equal the engine's, so the gap it reports for distilled rows is the context's, not numerics'."""
-    module, dm = make(algorithm=AlgorithmConfig(policy_loss="pg"))
-    t = trainer(1)
+    module, dm = module_and_data(algorithm=AlgorithmConfig(policy_loss="pg"))
+    t = quiet_trainer(1)
     t.fit(module, dm)
     assert set(module.last_experience.origins) == {"base"}
     assert abs(float(t.callback_metrics["train/logratio_base"])) < 1e-4
@@ -243,10 +209,10 @@ def test_logratio_per_origin_is_zero_for_fresh_samples():
 def test_kl_reference_is_the_warm_started_policy():
     """With an SFT warm-start, the KL anchors to the policy the warm-start produced (the RLHF
     convention), not to the weights before it: the reference is snapshotted at the first RL step."""
-    module, dm = make(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
+    module, dm = module_and_data(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
     watcher = WeightWatcher()
-    trainer(2, callbacks=[watcher]).fit(module, dm)
-    untrained = build_tiny_model(SPEC, module.tokenizer, seed=0)
+    quiet_trainer(2, callbacks=[watcher]).fit(module, dm)
+    untrained = build_tiny_model(TINY_SPEC, module.tokenizer, seed=0)
     assert _fingerprint(module.reference) == watcher.after_update[1] != _fingerprint(untrained)
     # A copy, not the policy itself: later updates must leave it where it is.
     assert all(r.data_ptr() != p.data_ptr() for r, p in zip(module.reference.parameters(), module.policy.parameters()))
@@ -255,21 +221,21 @@ def test_kl_reference_is_the_warm_started_policy():
 def test_kl_run_resumes_from_a_warm_start_without_reference(tmp_path):
     """A warm-start checkpoint trained without KL resumes into an RL run with KL (its reference is
     taken at the first RL step); past the warm-start, a checkpoint without reference is refused."""
-    module, dm = make(sft_steps=1)
-    first = trainer(1)
+    module, dm = module_and_data(sft_steps=1)
+    first = quiet_trainer(1)
     first.fit(module, dm)
     warm_start = tmp_path / "warm.ckpt"
     first.save_checkpoint(warm_start)
     after_sft = _fingerprint(module.policy)
-    resumed, dm = make(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
-    trainer(2).fit(resumed, dm, ckpt_path=warm_start)
+    resumed, dm = module_and_data(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
+    quiet_trainer(2).fit(resumed, dm, ckpt_path=warm_start)
     assert _fingerprint(resumed.reference) == pytest.approx(after_sft, abs=0.0)
 
     rl_checkpoint = tmp_path / "rl.ckpt"
-    second = trainer(2)
-    module, dm = make(sft_steps=1)
+    second = quiet_trainer(2)
+    module, dm = module_and_data(sft_steps=1)
     second.fit(module, dm)
     second.save_checkpoint(rl_checkpoint)
-    refused, dm = make(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
+    refused, dm = module_and_data(sft_steps=1, algorithm=AlgorithmConfig(policy_loss="pg", kl_coef=0.1))
     with pytest.raises(ValueError, match="no reference model.*past the warm-start"):
-        trainer(3).fit(refused, dm, ckpt_path=rl_checkpoint)
+        quiet_trainer(3).fit(refused, dm, ckpt_path=rl_checkpoint)

@@ -1,45 +1,36 @@
 """Exact resume: 2N steps in one run == N steps + checkpoint + resume + N steps."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 from digit_suite import DigitSuite
+from harness import TINY_SPEC, module_and_data, quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning.callbacks.monitor import TrainingDynamicsMonitor
-from r3lightning.data.datamodule import RolloutDataModule
-from r3lightning.models import ModelConfig, TinyModelSpec
+from r3lightning.models import ModelConfig
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig, PhaseConfig
-from r3lightning.module import R3LightningModule
-from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
 
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
 N = 2
 
 
-def make(spec=SPEC):
-    dm = RolloutDataModule(
+def make(spec=TINY_SPEC):
+    return module_and_data(
         DigitSuite(),
-        group_size=4,
-        tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=6),
-        agent=AgentLoopConfig(action_format="raw", max_context_tokens=128),
         seed=3,
-    )
-    module = R3LightningModule(
         model=ModelConfig(tiny=spec),
         # Ratio, clipping and a KL to the reference: optimizer moments, the reference and the
         # behaviour log-probs all have to come back for the runs to agree.
         algorithm=AlgorithmConfig(policy_loss="ppo_clip", kl_coef=0.05, recompute_old_logprobs=True),
-        optim=OptimConfig(lr=3e-3, micro_batch_size=4, warmup_steps=3),
-        phases=PhaseConfig(sft_warmup_steps=1),
+        lr=3e-3,
+        micro_batch_size=4,
+        warmup_steps=3,
+        sft_steps=1,
     )
-    return module, dm
 
 
 class RewardLog(L.Callback):
@@ -56,9 +47,8 @@ class RewardLog(L.Callback):
 
 def fit(module, dm, steps, ckpt_path=None, callbacks=()):
     log = RewardLog()
-    trainer = L.Trainer(
-        max_steps=steps, logger=False, enable_checkpointing=bool(callbacks), enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, deterministic=True,
+    trainer = quiet_trainer(
+        steps, enable_checkpointing=bool(callbacks), deterministic=True,
         callbacks=[log, HealthWatchdog(), TrainingDynamicsMonitor(), *callbacks],
     )
     trainer.fit(module, dm, ckpt_path=ckpt_path)
@@ -103,8 +93,8 @@ def test_two_n_steps_equal_n_plus_resume_plus_n(straight_run):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        (TinyModelSpec(hidden_size=96, num_layers=1, num_attention_heads=3, num_key_value_heads=1, intermediate_size=128, vocab_size=300), "model does not match"),
-        (TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=280), "tokenizer differs"),
+        (replace(TINY_SPEC, hidden_size=96, num_attention_heads=3), "model does not match"),
+        (replace(TINY_SPEC, vocab_size=280), "tokenizer differs"),  # fewer tokens than the digit texts fill
     ],
     ids=["other-width", "other-vocab"],
 )

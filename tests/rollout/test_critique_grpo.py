@@ -1,30 +1,14 @@
 """Critique-GRPO: critiques of failures, refinements from scratch, the best one as an off-policy
 sample, budget parity, metrics, the shaping loss in the module, and the preset."""
 
-import importlib
-import re
-from pathlib import Path
-
-import lightning as L
 import pytest
 import torch
-import yaml
-from scripted_engine import ScriptedEngine
+from harness import module_and_data, preset, quiet_trainer, weights_changed
+from scripted_engine import ScriptedEngine, UseEngine, scripted_arithmetic, world_player
 
 from r3lightning import algos
 from r3lightning.rollout.explorers import ExplorationSpec
 from r3lightning.data.collate import collate_experience
-from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
-from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import (
-    ModelConfig,
-    TinyModelSpec,
-    build_tiny_model,
-    build_tokenizer,
-)
-from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig
-from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.critique_refine import CritiqueRefineExplorer, best_refinements
@@ -32,33 +16,6 @@ from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.hf_engine import HFEngine
 from r3lightning.types import Trajectory, Turn
 
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=400)
-
-
-def world_player(suite, tasks, critiques, solved_on_base=(), look_first=()):
-    """Replies for the procedural world: critique prompts get the next of ``critiques`` (the last one
-    repeats); a refinement follows the expert plan unless its critique says FAIL, after one look when
-    its critique names a marker in ``look_first``; base episodes of ``solved_on_base`` tasks follow the
-    plan; everything else looks."""
-    plans = {t.prompt.split("\n")[0]: suite.demonstration(t) for t in tasks}
-    solved = {tasks[i].prompt.split("\n")[0] for i in solved_on_base}
-    queue = list(critiques)
-
-    def reply(text):
-        if "Critique this attempt" in text:
-            return queue.pop(0) if len(queue) > 1 else queue[0]
-        goal = next(g for g in plans if g in text)
-        refining = "[Guidance" in text
-        if (refining and "FAIL" in text) or (not refining and goal not in solved):
-            return "<action>look</action>"
-        looked = text.count("<action>look</action>") > 1  # the system prompt shows it once as an example
-        if any(marker in text for marker in look_first) and not looked:
-            return "<action>look</action>"
-        plan = plans[goal]
-        return f"<action>{plan[sum(f'<action>{a}</action>' in text for a in plan)]}</action>"
-
-    return reply
 
 
 def explore(suite, tokenizer, tasks, reply, group_size=4, config=None, **explorer_args):
@@ -92,6 +49,7 @@ def test_group_keeps_its_size_with_one_off_policy_refinement(world_suite, world_
         "rollout/critique_empty_rate": 0.0,
         "rollout/refinement_unusable_rate": 0.0,
         "rollout/refinement_improvement_rate": 3 / 3,
+        "rollout/refinement_dropped_rate": 0.0,
         "rollout/refinement_fill_rate": 1 / 2,
     }
 
@@ -116,11 +74,14 @@ def test_best_refinements_orders_by_reward_and_keeps_ties_in_order():
     assert best_refinements(candidates[:1], 2) == candidates[:1]
 
 
-def test_two_refinement_slots(world_suite, world_tokenizer):
+def test_refinements_that_do_not_improve_are_dropped(world_suite, world_tokenizer):
+    """Two slots; the first refinement fails like its attempt (dropped, as the paper keeps only
+    improving refinements), the second succeeds: one off-policy sample, the other slot a plain one."""
     tasks = [world_suite.train_task(0)]
     out, _ = explore(world_suite, world_tokenizer, tasks, world_player(world_suite, tasks, ["FAIL", "ok"]), num_refinements=2)
-    assert [t.origin for t in out.groups[0]] == ["base", "base", "off_policy", "off_policy"]
-    assert [t.reward for t in out.groups[0].trajectories[2:]] == [1.0, 0.0]  # best first
+    assert [t.origin for t in out.groups[0]] == ["base", "base", "off_policy", "base"]
+    assert out.groups[0].trajectories[2].reward == 1.0
+    assert out.metrics["rollout/refinement_dropped_rate"] == 1 / 2 and out.metrics["rollout/refinement_fill_rate"] == 1 / 2
 
 
 def test_empty_critiques_are_counted_and_their_slot_filled(world_suite, world_tokenizer):
@@ -158,18 +119,8 @@ def test_untrained_policy_output_is_counted_never_raised(world_suite, world_toke
 
 
 def test_single_turn_math_refinement():
-    suite = MathSuite(source="arithmetic", num_val_tasks=4, instruction="")
-    tokenizer = build_tokenizer(corpus_from_suite(suite, AgentLoopConfig(action_format="raw"), num_tasks=16), vocab_size=300)
-    tasks = [suite.train_task(1)]
-
-    def reply(text):
-        if "Critique this attempt" in text:
-            return "CRITIQUE-MARKER recompute"
-        a, op, b = re.search(r"Compute (\d+)([+-])(\d+)", text).groups()
-        right = int(a) + int(b) if op == "+" else int(a) - int(b)
-        return f"\\boxed{{{right if '[Guidance' in text else right + 1}}}"
-
-    loop = AgentLoop(suite, ScriptedEngine(tokenizer, reply), tokenizer, AgentLoopConfig(action_format="raw"))
+    suite, loop = scripted_arithmetic("CRITIQUE-MARKER recompute")
+    tokenizer, tasks = loop.tokenizer, [suite.train_task(1)]
     out = CritiqueRefineExplorer().explore(tasks, loop, ExplorationSpec(4, SamplingParams()))
     group = out.groups[0].trajectories
     assert [(t.origin, t.reward) for t in group] == [("base", 0.0)] * 3 + [("off_policy", 1.0)]
@@ -178,40 +129,16 @@ def test_single_turn_math_refinement():
 
 
 # ---- the module: shaping loss on off-policy rows, and the preset -------------------------------------
-def preset(name):
-    """(AlgorithmConfig, explorer) exactly as configs/algorithms/<name>.yaml sets them."""
-    cfg = yaml.safe_load((ROOT / "configs" / "algorithms" / f"{name}.yaml").read_text())
-    module_name, class_name = cfg["data"]["explorer"]["class_path"].rsplit(".", 1)
-    explorer = getattr(importlib.import_module(module_name), class_name)(**cfg["data"]["explorer"].get("init_args", {}))
-    return AlgorithmConfig(**cfg["model"]["algorithm"]), explorer
-
-
-class UseEngine(L.Callback):
-    """Swaps the module's rollout engine for a scripted one once the model and tokenizer exist."""
-
-    def __init__(self, make_reply):
-        self.make_reply = make_reply
-
-    def on_train_start(self, trainer, module):
-        module.use_engine(ScriptedEngine(module.tokenizer, self.make_reply(trainer.datamodule.suite)))
-
-
 @pytest.fixture(scope="module")
 def trained(world_suite):
     """One training step of the critique_grpo preset on the procedural world: every initial sample
     fails, every refinement succeeds."""
     algorithm, explorer = preset("critique_grpo")
-    dm = RolloutDataModule(
-        world_suite, explorer=explorer, group_size=4, tasks_per_step=2,
-        sampling=SamplingParams(max_new_tokens=8), agent=AgentLoopConfig(max_context_tokens=768),
+    module, dm = module_and_data(
+        world_suite, explorer=explorer, algorithm=algorithm, max_new_tokens=8, agent=AgentLoopConfig(max_context_tokens=768)
     )
-    module = R3LightningModule(model=ModelConfig(tiny=SPEC), algorithm=algorithm, optim=OptimConfig(lr=1e-3))
     tasks = [world_suite.train_task(i) for i in range(2)]
-    trainer = L.Trainer(
-        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0,
-        callbacks=[UseEngine(lambda suite: world_player(suite, tasks, ["act on the goal"]))],
-    )
+    trainer = quiet_trainer(1, callbacks=[UseEngine(lambda suite: world_player(suite, tasks, ["act on the goal"]))])
     trainer.fit(module, dm)
     return module, trainer
 
@@ -220,11 +147,11 @@ def test_critique_grpo_preset_trains_one_step(trained):
     module, trainer = trained
     assert isinstance(module.trainer.datamodule.explorer, CritiqueRefineExplorer)
     algorithm = module.algorithm
-    assert (algorithm.advantage, algorithm.policy_loss, algorithm.off_policy_gamma) == ("grpo", "ppo_clip", 0.1)
+    assert (algorithm.advantage, algorithm.policy_loss, algorithm.off_policy_gamma) == ("dr_grpo", "ppo_clip", 0.1)
+    assert algorithm.aggregation == "seq_mean_token_sum"  # the paper: no division by the response length
     origins = [t.origin for t in module.last_trajectories]
     assert origins == ["base", "base", "base", "off_policy"] * 2
-    untrained = build_tiny_model(SPEC, module.tokenizer, seed=0)
-    assert any(not torch.equal(a, b) for a, b in zip(module.policy.parameters(), untrained.parameters()))
+    assert any(weights_changed(module))
     metrics = trainer.callback_metrics
     assert metrics["rollout/critique_rate"] == 1.0 and metrics["reward/mean_off_policy"] == 1.0
     assert torch.isfinite(metrics["train/loss_rl"]) and module.skipped_steps == 0
@@ -251,7 +178,8 @@ def test_off_policy_rows_get_the_shaping_loss_and_no_ratio(trained):
         clipped = -torch.minimum(ratio * adv[0], ratio.clamp(0.8, 1.2) * adv[0])
         prob = logp[1].exp()
         shaped = -adv[1] * prob / (prob + 0.1)
-        expected = ((clipped * mask[0]).sum() + (shaped * mask[1]).sum()) / mask.sum()
+        # seq_mean_token_sum: each row's token sum, averaged over the rows
+        expected = ((clipped * mask[0]).sum() + (shaped * mask[1]).sum()) / totals["rl_seqs"]
     torch.testing.assert_close(out["loss_rl"].detach(), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(shaped, algos.shaped_off_policy_loss(logp[1:], adv[1:], 0.1)[0])
     assert out["ratio_count"] == mask[0].sum()  # only the base row's tokens have a ratio

@@ -4,11 +4,12 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scripted_engine import ScriptedEngine, expert_action
 
 from r3lightning.data.collate import collate_experience
 from r3lightning.rollout.explorers import ExplorationSpec
 from r3lightning.rollout.agent_loop import AgentLoop
-from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill
 from r3lightning.rollout.reflection import parse_reflection
 from r3lightning.rollout.hf_engine import HFEngine
@@ -71,23 +72,16 @@ def test_parse_never_raises_on_fuzzed_fields(fields, turns):
         assert isinstance(reflection.retry_from_step, int)
 
 
-class ScriptedReflectionEngine:
-    """Answers reflection prompts with a fixed JSON and game turns with fixed actions."""
+class ScriptedReflectionEngine(ScriptedEngine):
+    """Answers reflection prompts with a fixed JSON and game turns with fixed actions; subclasses
+    script other replies by overriding ``reply``."""
 
     def __init__(self, tokenizer, reflection, action="look"):
-        self.tokenizer, self.reflection, self.action = tokenizer, reflection, action
-        self.weight_version = 0
+        super().__init__(tokenizer, self.reply)
+        self.reflection, self.action = reflection, action
 
     def reply(self, text):
         return self.reflection if "Review this attempt" in text else f"<action>{self.action}</action>"
-
-    def generate(self, prompts, params):
-        out = []
-        for prompt in prompts:
-            reply = self.reply(self.tokenizer.decode(prompt))
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return out
 
 
 def test_explorer_retries_from_pivot_and_distills_without_guidance(world_suite, world_tokenizer):
@@ -141,12 +135,6 @@ def test_success_reflection_means_no_retry(world_suite, world_tokenizer):
     loop = AgentLoop(world_suite, ScriptedReflectionEngine(world_tokenizer, reflection), world_tokenizer)
     out = ReflectRetryExplorer().explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams()))
     assert all(t.origin == "base" for t in out.groups[0])
-
-
-def expert_action(plan, text):
-    """The plan's next action, counting the plan actions already taken in the conversation ``text``."""
-    step = sum(1 for a in plan if f"<action>{a}</action>" in text)
-    return f"<action>{plan[min(step, len(plan) - 1)]}</action>"
 
 
 def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
@@ -265,7 +253,6 @@ def test_scripted_reflection_samples_reflect_on_whole_episodes(world_suite, worl
     import random
 
     from r3lightning.rollout.warmstart import scripted_reflection_samples
-    from scripted_engine import ScriptedEngine
 
     loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
     tasks = [world_suite.train_task(i) for i in range(24)]

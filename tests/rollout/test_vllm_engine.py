@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from harness import TWO_LAYER_SPEC, free_port, run_workers
 
 from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
 from r3lightning.rollout.engine import SamplingParams
@@ -18,7 +19,7 @@ from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.hf_engine import HFEngine
 from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
 
-SPEC = TinyModelSpec(hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128, vocab_size=300)
+SPEC = TWO_LAYER_SPEC  # FSDP wraps each decoder layer: one is gathered while the other stays sharded
 CORPUS = ["What is 12 + 30? The answer is \\boxed{42}.", "go north. take the key. open the door."] * 20
 TEXTS = ["What is 12 + 30?", "go north", "open the", "The answer is", "take"]
 
@@ -114,20 +115,8 @@ def test_buckets_are_bounded(tokenizer):
 
 
 
-def run_workers(fn, args, nprocs, start_method, timeout_s=240):
-    """start_processes with a deadline: a hung worker fails the test instead of the whole run."""
-    import time
-
-    context = torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=start_method)
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{fn.__name__}: workers did not finish within {timeout_s} s")
-
-def _fsdp_worker(rank, world, tmpdir, tokenizer_json, spec_dict, result_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["R3L_TEST_PORT"])
+def _fsdp_worker(rank, world, port, tokenizer_json, spec_dict, result_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -162,19 +151,8 @@ def _fsdp_worker(rank, world, tmpdir, tokenizer_json, spec_dict, result_path):
 
 @pytest.mark.slow  # two gloo processes; hung under heavy CPU contention, kept out of CI
 def test_fsdp_parameters_are_gathered_unit_by_unit(tokenizer, tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["R3L_TEST_PORT"] = str(s.getsockname()[1])
     result = tmp_path / "result.pt"
-    run_workers(
-        _fsdp_worker,
-        args=(2, str(tmp_path), tokenizer.backend_tokenizer.to_str(), SPEC.__dict__, str(result)),
-        nprocs=2,
-        # fork (fast) unless vLLM was loaded here: its OpenMP/thread state makes forked children hang
-        start_method="spawn" if "vllm" in sys.modules or torch.distributed.is_initialized() else "fork",
-    )
+    run_workers(_fsdp_worker, args=(2, free_port(), tokenizer.backend_tokenizer.to_str(), SPEC.__dict__, str(result)), nprocs=2)
     out = torch.load(result)
     assert out["names"] == out["expected"]
     assert out["ok"] and out["other_sharded"]

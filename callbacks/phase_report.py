@@ -26,6 +26,11 @@ RECORDED_FIGURES = (
     "rollout/retry_tokens_saved_share",
     "rollout/replay_failures",
     "rollout/success_judgment_samples",
+    "train/zero_variance_group_rate",
+    "train/zero_variance_group_rate_before_replay",
+    "replay/rescued_group_rate",
+    "reward/ranking_bonus_mean",
+    "rollout/in_context_task_rate",
 )
 """Also averaged over RL steps into ``phase_report.json`` (what a method spent, where its pivots fell)."""
 

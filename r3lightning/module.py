@@ -87,7 +87,7 @@ class R3LightningModule(L.LightningModule):
         self.set_teacher(None)
         self.last_ranking_bonus = 0.0
         self.val_metrics = torch.nn.ModuleDict(
-            {name: MeanMetric() for name in ("success_rate", "success_rate_greedy", "reward_mean")}
+            {name: MeanMetric() for name in ("success_rate", "success_rate_greedy", "reward_mean", "response_len_greedy")}
         )
 
     # ---- construction -------------------------------------------------------------------------
@@ -524,6 +524,7 @@ class R3LightningModule(L.LightningModule):
         self.val_metrics["success_rate_greedy"].update(sum(t.success for t in greedy) / n, weight=n)
         self.val_metrics["success_rate"].update(sum(t.success for t in sampled) / n, weight=n)
         self.val_metrics["reward_mean"].update(sum(t.reward for t in sampled) / n, weight=n)
+        self.val_metrics["response_len_greedy"].update(sum(t.num_response_tokens for t in greedy) / n, weight=n)
 
     def on_validation_epoch_end(self) -> None:
         if self.skips_validation:

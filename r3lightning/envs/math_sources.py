@@ -260,8 +260,8 @@ class GeneratedSplit:
     """Train and validation problems drawn from a generator in separate seed namespaces.
 
     Validation draws ``num_val`` distinct questions from seeds derived from (seed, "val", j).
-    Training index ``i`` uses seeds derived from (seed, "train", i, attempt); a draw whose question
-    is a validation question is redrawn, so train and validation never share a question — unless
+    Training index ``i`` uses seeds derived from (seed, "train", i, attempt) and is keyed by its
+    question (a problem drawn twice is one task); a draw whose question is a validation question is redrawn, so train and validation never share a question — unless
     ``disjoint`` is false, for problem spaces so small that held-out questions would leave too
     little to train on (validation then measures in-distribution success).
     """
@@ -279,7 +279,9 @@ class GeneratedSplit:
         for attempt in range(_MAX_REDRAWS):
             item = self._generate(derive_seed(self._seed, "train", index, attempt))
             if item.question not in self._val_questions:
-                return _with_key(item, f"train/{index}")
+                # Keyed by the question, not the index: a problem drawn again is the same task, so a
+                # replay buffer or an outcome history recognizes it.
+                return _with_key(item, f"train/{hashlib.sha256(item.question.encode()).hexdigest()[:12]}")
         raise ValueError(
             f"{self._origin}: {_MAX_REDRAWS} draws all hit validation questions; the generator's problem "
             "space is too small for num_val_tasks"

@@ -34,12 +34,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine_info import machine_info  # noqa: E402
 
-METHODS = {
-    name: ["--config", f"configs/algorithms/{name}.yaml"]
-    for name in (
-        "grpo", "r3l", "r3l_reference", "reflect_grpo", "critique_grpo", "r3l_wo_reflect", "r3l_wo_credit", "r3l_wo_positive",
-    )
-}
+# Every preset is an arm; the default comparison is R³L's (paper, reference code, baselines, ablations).
+METHODS = {path.stem: ["--config", f"configs/algorithms/{path.name}"] for path in sorted((ROOT / "configs" / "algorithms").glob("*.yaml"))}
+DEFAULT_METHODS = (
+    "grpo", "r3l", "r3l_reference", "reflect_grpo", "critique_grpo", "r3l_wo_reflect", "r3l_wo_credit", "r3l_wo_positive",
+)
 # The arms whose objective uses positive amplification's alpha (``--alpha`` overrides theirs).
 AMPLIFIED = ("r3l", "r3l_reference", "r3l_wo_reflect", "r3l_wo_credit")
 
@@ -154,7 +153,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON result path (the PNG goes beside it)")
     parser.add_argument("--recipe", default="configs/quickstart.yaml")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"presets to compare (default: {list(METHODS)})")
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                        help=f"presets to compare (default: {list(DEFAULT_METHODS)}; any of configs/algorithms)")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=PRESET[,KEY=VALUE...]",
                         help="an extra method: a preset with overrides, e.g. r3l_sft01=r3l,model.algorithm.sft_weight=0.1")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

@@ -91,6 +91,9 @@ class Trajectory:
     guided_turn: the turn that showed guidance (``GuidedTurn``), None for unguided episodes or when
         the episode ended before that turn was played.
     env_error: the exception text when the environment failed (``end_reason == "env_error"``).
+    reward_invalid: the environment's reward was not a finite number (or out of range, when masked):
+        the sample is masked like a reward error.
+    reward_clipped: the environment's reward lay outside [0, 1] and was clipped into it.
     info: free-form diagnostics shown in sample logs (reflection text, its parse error...); nothing
         reads it to decide anything.
     """
@@ -110,6 +113,8 @@ class Trajectory:
     rejected_actions: int = 0
     guided_turn: Optional[GuidedTurn] = None
     env_error: str = ""
+    reward_invalid: bool = False
+    reward_clipped: bool = False
 
     def __post_init__(self) -> None:
         if self.origin not in ORIGINS:

@@ -8,7 +8,9 @@ conversation the policy actually saw. Single-turn tasks are one-step episodes of
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
@@ -32,7 +34,7 @@ class AgentLoopConfig:
         action_tag: tag name for the ``tag`` format.
         invalid_action: what to do when no action can be parsed: ``feedback`` (tell the policy and go
             on; the turn still counts toward the step limit) or ``end`` (end the episode with reward 0).
-        step_timeout_s: deadline for one environment step (reward code that hangs is abandoned, the
+        step_timeout_s: deadline for one environment ``reset`` or ``step`` (reward code that hangs is abandoned, the
             sample is masked and counted in ``reward/error_rate``); null disables the deadline.
         guidance_template: how R³L guidance is shown with the pivot observation; ``{guidance}`` and
             ``{observation}`` are filled in.
@@ -40,6 +42,11 @@ class AgentLoopConfig:
             malformed (none could be parsed) or rejected by the environment (``info["invalid_action"]``),
             replayed prefix turns included; success is untouched. Both kinds must cost the same: with a
             penalty on rejected commands alone, a policy learns to write malformed actions instead.
+        reward_out_of_range: an environment reward outside [0, 1] is ``clip``ped into it, or ``mask``ed
+            like a reward error; either way it is counted (``reward/clipped_count``,
+            ``reward/invalid_count``). A reward that is not a finite number (None, NaN, text) is always
+            masked and counted in ``reward/invalid_count``, with a one-time warning naming the
+            environment and the task.
     """
 
     max_context_tokens: int = 2048
@@ -51,10 +58,13 @@ class AgentLoopConfig:
         "{observation}\n\n[Guidance from a previous attempt - use it, but do not mention it]\n{guidance}"
     )
     invalid_action_penalty: float = 0.0
+    reward_out_of_range: Literal["clip", "mask"] = "clip"
 
     def __post_init__(self) -> None:
         if self.invalid_action_penalty < 0:
             raise ValueError(f"agent.invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
+        if self.reward_out_of_range not in ("clip", "mask"):
+            raise ValueError(f"agent.reward_out_of_range must be 'clip' or 'mask', got {self.reward_out_of_range!r}")
 
 
 @dataclass
@@ -99,6 +109,8 @@ class _Episode:
     guided_turn: Optional[GuidedTurn] = None
     pending_observation: str = ""
     env_error: str = ""
+    reward_invalid: bool = False
+    reward_clipped: bool = False
 
 
 def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
@@ -243,8 +255,10 @@ class AgentLoop:
 
     def _start(self, index: int, request: EpisodeRequest) -> _Episode:
         env = self.suite.make_env()
-        observation = env.reset(request.task)
         ep = _Episode(index=index, request=request, env=env, turns=[], pending_context=[], context_len=0)
+        observation = self._reset(ep)
+        if observation is None:
+            return ep
         for turn in request.prefix:
             ep.turns.append(turn)
             ep.context_len += len(turn.context_ids) + len(turn.response_ids)
@@ -263,16 +277,36 @@ class AgentLoop:
         self._queue_observation(ep, observation)
         return ep
 
+    def _reset(self, ep: _Episode) -> Optional[str]:
+        """The first observation, or None when ``reset`` failed or hung (the episode then ends as an
+        environment error with no turn, like a failed step). Malformed results are refused."""
+        try:
+            observation = call_with_timeout(ep.env.reset, ep.request.task, timeout_s=self.config.step_timeout_s)
+        except (CallTimeout, Exception) as err:
+            self._env_failed(ep, err)
+            return None
+        if not isinstance(observation, str):
+            raise ValueError(
+                f"{type(ep.env).__name__}.reset returned {type(observation).__name__} for task "
+                f"{ep.request.task.task_id!r}; it must return the first observation as a str"
+            )
+        return observation
+
     def _step(self, ep: _Episode, action: str) -> Optional[StepResult]:
         """Every environment step, live or replayed, goes through here, so rejected actions are counted once."""
         try:
             result = call_with_timeout(ep.env.step, action, timeout_s=self.config.step_timeout_s)
         except (CallTimeout, Exception) as err:
-            ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "env_error", True, 0.0
-            ep.env_error = f"{type(err).__name__}: {err}"
+            self._env_failed(ep, err)
             return None
+        check_step_result(result, ep.env, ep.request.task)
         ep.rejected_actions += int(bool(result.info.get("invalid_action")))
         return result
+
+    @staticmethod
+    def _env_failed(ep: _Episode, err: BaseException) -> None:
+        ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "env_error", True, 0.0
+        ep.env_error = f"{type(err).__name__}: {err}"
 
     def _play_turn(self, active: list[_Episode], respond: Callable[[list[_Episode]], list[Optional[Generation]]]) -> None:
         playable = []
@@ -342,7 +376,7 @@ class AgentLoop:
         return [first, *(dataclasses.replace(step, context_ids=[]) for step in steps[1:])]
 
     def _after_turn(self, ep: _Episode, finish_reason: str, result: StepResult) -> None:
-        ep.reward = float(result.reward)
+        self._take_reward(ep, result.reward)
         if result.info.get("reward_error"):
             ep.reward_error = True
         if result.done:
@@ -353,6 +387,25 @@ class AgentLoop:
             ep.done, ep.end_reason = True, "max_turns"
             return
         self._queue_observation(ep, result.observation)
+
+    def _take_reward(self, ep: _Episode, reward: object) -> None:
+        """Rewards are untrusted input: one that is not a finite number is masked like a reward error;
+        one outside [0, 1] is clipped or masked (``reward_out_of_range``). Both are counted."""
+        value = reward_value(reward)
+        if value is None:
+            ep.reward, ep.reward_error, ep.reward_invalid = 0.0, True, True
+            warn_once(f"{type(ep.env).__name__} returned the reward {reward!r} for task {ep.request.task.task_id!r}: "
+                      "not a finite number; the sample is masked (reward/invalid_count)")
+            return
+        if 0.0 <= value <= 1.0:
+            ep.reward = value
+            return
+        if self.config.reward_out_of_range == "mask":
+            ep.reward, ep.reward_error, ep.reward_invalid = 0.0, True, True
+        else:
+            ep.reward, ep.reward_clipped = min(max(value, 0.0), 1.0), True
+        warn_once(f"{type(ep.env).__name__} returned the reward {value!r} for task {ep.request.task.task_id!r}, "
+                  f"outside [0, 1]; agent.reward_out_of_range={self.config.reward_out_of_range}")
 
     def _full_context(self, ep: _Episode) -> list[int]:
         ids: list[int] = []
@@ -381,5 +434,41 @@ class AgentLoop:
             rejected_actions=ep.rejected_actions,
             guided_turn=ep.guided_turn,
             env_error=ep.env_error,
+            reward_invalid=ep.reward_invalid,
+            reward_clipped=ep.reward_clipped,
         )
+
+
+def reward_value(reward: object) -> Optional[float]:
+    """``reward`` as a finite float, or None (None, NaN, inf, text, containers; a bool is a number)."""
+    if isinstance(reward, (bool, int, float)) or type(reward).__name__ in ("float32", "float64", "int64", "int32"):
+        value = float(reward)
+        return value if math.isfinite(value) else None
+    if hasattr(reward, "item") and getattr(reward, "numel", lambda: 0)() == 1:  # a one-element tensor
+        return reward_value(reward.item())
+    return None
+
+
+def check_step_result(result: object, env: object, task: Task) -> None:
+    """Refuse a malformed ``StepResult`` with a message naming the environment, the task and the field."""
+    where = f"{type(env).__name__}.step (task {task.task_id!r})"
+    if not isinstance(result, StepResult):
+        raise ValueError(f"{where} returned {type(result).__name__}; it must return a StepResult(observation, reward, done, info)")
+    if not isinstance(result.observation, str):
+        raise ValueError(f"{where}: StepResult.observation is {type(result.observation).__name__}, expected str")
+    if not isinstance(result.info, dict):
+        raise ValueError(f"{where}: StepResult.info is {type(result.info).__name__}, expected dict")
+    if not isinstance(result.done, bool) and type(result.done).__name__ != "bool_":
+        raise ValueError(f"{where}: StepResult.done is {type(result.done).__name__}, expected bool")
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Emit ``message`` as a warning the first time its environment class raises it (one line a class)."""
+    key = message.split(" ", 1)[0]
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
 

@@ -26,6 +26,8 @@ def trajectory_metrics(groups: list[Group]) -> dict[str, float]:
         "reward/std": _mean([(r - mean) ** 2 for r in rewards]) ** 0.5,
         "reward/success_rate": _mean([float(t.success) for t in trajectories]),
         "reward/error_rate": _mean([float(t.reward_error) for t in trajectories]),
+        "reward/invalid_count": float(sum(t.reward_invalid for t in trajectories)),
+        "reward/clipped_count": float(sum(t.reward_clipped for t in trajectories)),
         "rollout/response_len": _mean([float(t.num_response_tokens) for t in trajectories]),
         "rollout/num_turns": _mean([float(t.num_messages) for t in trajectories]),
         "rollout/truncated_rate": _mean([float(t.truncated) for t in trajectories]),

@@ -216,7 +216,9 @@ def test_arithmetic_suite_prompts_answers_and_determinism():
         assert int(t.answer) == eval(question[len("Compute ") : -1]) >= 0
     assert [t.prompt for t in tasks] == [MathSuite(num_val_tasks=16, seed=3).train_task(i).prompt for i in range(50)]
     assert [t.prompt for t in tasks] != [MathSuite(num_val_tasks=16, seed=4).train_task(i).prompt for i in range(50)]
-    assert len({t.task_id for t in tasks}) == 50
+    # A task is its question: a problem drawn twice has one task id (replay and outcome history key on it).
+    assert len({t.task_id for t in tasks}) == len({t.prompt for t in tasks})
+    assert all((a.task_id == b.task_id) == (a.prompt == b.prompt) for a in tasks for b in tasks)
     assert suite.max_turns == 1 and suite.system_prompt
 
 

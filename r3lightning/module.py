@@ -28,6 +28,7 @@ from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3ligh
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
+from r3lightning.data.evaluation import validation_figures, validation_names
 from r3lightning.data.experience import make_experience
 from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
@@ -86,9 +87,9 @@ class R3LightningModule(L.LightningModule):
         self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
         self.last_ranking_bonus = 0.0
-        self.val_metrics = torch.nn.ModuleDict(
-            {name: MeanMetric() for name in ("success_rate", "success_rate_greedy", "reward_mean", "response_len_greedy")}
-        )
+        # One MeanMetric per validation figure (``data.evaluation.validation_names``), added in ``setup``
+        # once the datamodule's ``val_samples`` is known; averaged over tasks and ranks.
+        self.val_metrics = torch.nn.ModuleDict()
 
     # ---- construction -------------------------------------------------------------------------
     @property
@@ -100,6 +101,11 @@ class R3LightningModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         dm = self.datamodule
+        if stage == "fit":
+            self._check_schedule()
+        names = validation_names(dm.val_samples)
+        if list(self.val_metrics) != names:
+            self.val_metrics = torch.nn.ModuleDict({name: MeanMetric() for name in names})
         for warning in check_combination(self.algorithm, dm.explorer, dm.demos.reflections):
             rank_zero_warn(warning)
         ranking = self.algorithm.ranking
@@ -107,6 +113,21 @@ class R3LightningModule(L.LightningModule):
             raise ValueError(
                 f"model.algorithm.ranking: r_fail + delta ({ranking.r_fail} + {ranking.delta}) must stay below "
                 f"data.max_reward ({dm.max_reward}), or a failure could reach a success's reward"
+            )
+
+    def _check_schedule(self) -> None:
+        """The task stream is endless: a run needs ``trainer.max_steps``; a warm-start as long as the run
+        leaves no RL step, which is allowed (an SFT-only run) but said once."""
+        max_steps = self.trainer.max_steps
+        if max_steps is None or max_steps < 1:
+            raise ValueError(
+                f"trainer.max_steps is {max_steps}: the task stream never ends, so set trainer.max_steps to the "
+                "number of optimizer steps to run"
+            )
+        if self.phases.sft_warmup_steps >= max_steps:
+            rank_zero_warn(
+                f"model.phases.sft_warmup_steps ({self.phases.sft_warmup_steps}) >= trainer.max_steps ({max_steps}): "
+                "this run is SFT only, no RL step will run"
             )
 
     def configure_model(self) -> None:
@@ -511,20 +532,21 @@ class R3LightningModule(L.LightningModule):
     # ---- validation ---------------------------------------------------------------------------
     @property
     def skips_validation(self) -> bool:
-        """Whether this validation falls in the warm-start and ``phases.validate_during_sft`` is off."""
-        return not self.phases.validate_during_sft and self.global_step < self.phases.sft_warmup_steps
+        """Whether this is a periodic validation of ``fit`` that falls in the warm-start while
+        ``phases.validate_during_sft`` is off (``r3l validate`` always validates)."""
+        fitting = self._trainer is None or self.trainer.state.fn == "fit"
+        return fitting and not self.phases.validate_during_sft and self.global_step < self.phases.sft_warmup_steps
 
     def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
+        """Greedy and ``data.val_samples`` sampled episodes per task; the figures of
+        ``data.evaluation.validation_figures``, weighted by the batch's tasks."""
         if self.skips_validation:
             return
         dm = self.datamodule
         greedy = dm.evaluate(batch.tasks, greedy=True)
-        sampled = dm.evaluate(batch.tasks, greedy=False)
-        n = len(batch.tasks)
-        self.val_metrics["success_rate_greedy"].update(sum(t.success for t in greedy) / n, weight=n)
-        self.val_metrics["success_rate"].update(sum(t.success for t in sampled) / n, weight=n)
-        self.val_metrics["reward_mean"].update(sum(t.reward for t in sampled) / n, weight=n)
-        self.val_metrics["response_len_greedy"].update(sum(t.num_response_tokens for t in greedy) / n, weight=n)
+        sampled = dm.evaluate(batch.tasks, greedy=False, samples=dm.val_samples)
+        for name, value in validation_figures(greedy, sampled, dm.val_samples).items():
+            self.val_metrics[name].update(value, weight=len(batch.tasks))
 
     def on_validation_epoch_end(self) -> None:
         if self.skips_validation:

@@ -69,7 +69,8 @@ def test_unknown_keys_and_wrong_types_are_parser_errors(tmp_path, capsys, text, 
 
 def test_nonexistent_model_path_is_one_clear_line(tmp_path, capsys):
     code, err = run_cli(
-        tmp_path, capsys, "--model.model.name_or_path=/nonexistent", "--data.suite=r3lightning.envs.math_env.MathSuite"
+        tmp_path, capsys, "--model.model.name_or_path=/nonexistent", "--data.suite=r3lightning.envs.math_env.MathSuite",
+        "--trainer.max_steps=1",
     )
     assert code == 1
     assert "r3l: error: model.name_or_path: no model directory at '/nonexistent'" in err

@@ -110,6 +110,8 @@ class RolloutDataModule(L.LightningDataModule):
         agent: how episodes are played (action format, context limit, step timeout...).
         demos: where SFT warm-start demonstrations come from.
         val_tasks_per_batch: validation tasks per batch.
+        val_samples: sampled validation episodes per task (n), at ``val_sampling``; validation logs
+            pass@k (unbiased estimator) for k = 1, 2, 4, ... up to n and mean@n beside greedy pass@1.
         seed: base seed of rollout sampling; step ``s`` on rank ``r`` samples with a seed derived from
             (seed, s, r), so resumed and multi-rank runs sample reproducibly.
         max_reward: the reward of a full success, the one value every part reads: explorers (which
@@ -131,6 +133,7 @@ class RolloutDataModule(L.LightningDataModule):
         agent: AgentLoopConfig = AgentLoopConfig(),
         demos: DemoConfig = DemoConfig(),
         val_tasks_per_batch: int = 32,
+        val_samples: int = 1,
         seed: int = 0,
         max_reward: float = 1.0,
         replay: ReplayConfig = ReplayConfig(),
@@ -138,6 +141,8 @@ class RolloutDataModule(L.LightningDataModule):
         super().__init__()
         if group_size < 1 or tasks_per_step < 1:
             raise ValueError(f"data: group_size ({group_size}) and tasks_per_step ({tasks_per_step}) must be >= 1")
+        if val_samples < 1 or val_tasks_per_batch < 1:
+            raise ValueError(f"data: val_samples ({val_samples}) and val_tasks_per_batch ({val_tasks_per_batch}) must be >= 1")
         self.suite = suite
         self.explorer = explorer if explorer is not None else SampleExplorer()
         self.group_size = group_size
@@ -148,6 +153,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.agent = dataclasses.replace(agent)
         self.demos = dataclasses.replace(demos)
         self.val_tasks_per_batch = val_tasks_per_batch
+        self.val_samples = val_samples
         self.seed = seed
         self.max_reward = max_reward
         self.cursor = 0
@@ -157,6 +163,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.replay = dataclasses.replace(replay)
         keeps_history = self.replay.enabled or self.explorer.traits.uses_history
         self.buffer = ReplayBuffer(self.replay.max_per_task, self.replay.max_total) if keeps_history else None
+
+    def setup(self, stage: str) -> None:
+        # A demonstration file is read now, so a bad row stops the run before any training.
+        if self.demos.source != "suite" and self._demo_rows is None:
+            self._demo_rows = load_chat_jsonl(self.demos.source)
 
     # ---- task streams -------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -209,7 +220,7 @@ class RolloutDataModule(L.LightningDataModule):
         own = getattr(self.explorer, "reflector", None)
         if own is not None:
             return own
-        return Reflector(1.0, 0, load_template("", "reflection.txt"), load_template("", "guidance.txt"))
+        return Reflector(1.0, 192, load_template("", "reflection.txt"), load_template("", "guidance.txt"))
 
     # ---- experience ---------------------------------------------------------------------------
     def connect(self, engine: RolloutEngine, tokenizer) -> None:
@@ -259,8 +270,10 @@ class RolloutDataModule(L.LightningDataModule):
             record_step(exploration.groups, self.buffer, batch.step)
         return exploration
 
-    def evaluate(self, tasks: list[Task], greedy: bool) -> list[Trajectory]:
-        """One episode per task for validation, greedy or sampled."""
+    def evaluate(self, tasks: list[Task], greedy: bool, samples: int = 1) -> list[Trajectory]:
+        """``samples`` validation episodes per task (task-major: task 0's, then task 1's...), greedy or
+        sampled at ``val_sampling``. Every call samples under the same seed (from ``data.seed``), so a
+        validation batch gives the same episodes whenever it is run with the same weights."""
         params = SamplingParams(
             temperature=0.0 if greedy else self.val_sampling.temperature,
             top_p=self.val_sampling.top_p,
@@ -269,7 +282,7 @@ class RolloutDataModule(L.LightningDataModule):
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 17)
-            return self.connected_loop.run([EpisodeRequest(task=t) for t in tasks], params)
+            return self.connected_loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(samples)], params)
 
     # ---- demonstrations (SFT warm-start) ------------------------------------------------------
     def demonstrations(self, batch: TaskBatch) -> list[Trajectory]:
@@ -336,10 +349,24 @@ def load_chat_jsonl(path: str) -> list[list[dict]]:
                     raise ValueError(f"{path}, row {number}: field 'messages' has an entry without a valid role/content")
             if not any(m["role"] == "assistant" for m in messages):
                 raise ValueError(f"{path}, row {number}: field 'messages' has no assistant message to train on")
+            check_role_order([m["role"] for m in messages], f"{path}, row {number}")
             rows.append(messages)
     if not rows:
         raise ValueError(f"data.demos.source: {path!r} has no rows")
     return rows
+
+
+def check_role_order(roles: list[str], where: str) -> None:
+    """An optional system message first, then user and assistant messages alternating, starting with a
+    user message (two user messages in a row would silently lose the first)."""
+    body = roles[1:] if roles[:1] == ["system"] else roles
+    for position, role in enumerate(body):
+        expected = "user" if position % 2 == 0 else "assistant"
+        if role != expected:
+            raise ValueError(
+                f"{where}: message {position + 1 + (len(roles) - len(body))} is {role!r} where {expected!r} was expected "
+                "(messages: an optional system message, then user and assistant alternating)"
+            )
 
 
 def conversation_trajectory(messages: list[dict], tokenizer, task_id: str, origin: str = "demo") -> Trajectory:

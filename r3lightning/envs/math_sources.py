@@ -11,6 +11,7 @@ source that needs them, so the built-in ``arithmetic`` source works with the sta
 from __future__ import annotations
 
 import hashlib
+import warnings
 import json
 import random
 import threading
@@ -68,15 +69,25 @@ def items_from_rows(
     is missing or empty, and when there are no rows at all.
     """
     items = []
+    first_row: dict[str, int] = {}
+    duplicates: list[int] = []
     for index, row in enumerate(rows):
         question = _required_field(row, question_field, origin, index)
         answer = _required_field(row, answer_field, origin, index)
         solution = None
         if solution_field is not None:
             solution = _required_field(row, solution_field, origin, index)
+        if question in first_row:
+            # A repeated question would be two identical tasks (and could sit in both splits).
+            duplicates.append(index + 1)
+            continue
+        first_row[question] = index
         items.append(MathItem(key=f"row{index}", question=question, answer=answer, solution=solution))
     if not items:
         raise ValueError(f"{origin}: the dataset is empty")
+    if duplicates:
+        shown = ", ".join(map(str, duplicates[:5])) + (", ..." if len(duplicates) > 5 else "")
+        warnings.warn(f"{origin}: {len(duplicates)} rows repeat an earlier question and were dropped (rows {shown})")
     return items
 
 
@@ -85,6 +96,11 @@ def _required_field(row: dict[str, Any], field: str, origin: str, index: int) ->
     if value is None or str(value).strip() == "":
         present = sorted(row) if isinstance(row, dict) else type(row).__name__
         raise ValueError(f"{origin}: row {index + 1} has no {field!r} field (it has {present})")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        # true, {"v": 1} or [3] would become the strings "True", "{'v': 1}", "[3]" and never verify.
+        raise ValueError(
+            f"{origin}: row {index + 1}: field {field!r} is {type(value).__name__} ({value!r}); expected text or a number"
+        )
     return str(value)
 
 

@@ -24,6 +24,17 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.temperature >= 0:
+            problems.append(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if problems:
+            raise ValueError("sampling (data.sampling / data.val_sampling): " + "; ".join(problems))
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0

@@ -153,7 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON result path (the PNG goes beside it)")
     parser.add_argument("--recipe", default="configs/quickstart.yaml")
-    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+    parser.add_argument("--methods", nargs="*", default=list(DEFAULT_METHODS),
                         help=f"presets to compare (default: {list(DEFAULT_METHODS)}; any of configs/algorithms)")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=PRESET[,KEY=VALUE...]",
                         help="an extra method: a preset with overrides, e.g. r3l_sft01=r3l,model.algorithm.sft_weight=0.1")

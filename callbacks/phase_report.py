@@ -1,12 +1,15 @@
-"""Report validation success at the end of the SFT warm-up and at the end of training."""
+"""Report validation success at the end of the SFT warm-up and at the end of training, write each
+validation as JSON and a markdown table, and the run's progress as a PNG."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import re
+from typing import Any, Optional
 
 import lightning as L
+import torch
 
 from r3lightning.callbacks.monitor import log_dir_of
 
@@ -35,37 +38,108 @@ RECORDED_FIGURES = (
 """Also averaged over RL steps into ``phase_report.json`` (what a method spent, where its pivots fell)."""
 
 
+PLOT_FILE = "progress.png"
+"""Written next to the TensorBoard logs at the end of ``fit`` (needs matplotlib)."""
+
+
 class PhaseReport(L.Callback):
     """Collects ``val/*`` after every validation, tagged with the phase, and prints a summary.
 
-    The summary names the last validation of the warm-up phase (the one run at the step where RL
-    begins) and the last validation overall, plus the mean over RL steps of the explorer's
-    reflect-then-retry figures (``ROLLOUT_FIGURES``, when the explorer logs them), and is written to
-    ``<log_dir>/phase_report.json``.
+    Each validation (of ``fit`` or ``r3l validate``) is also written, on rank 0, as
+    ``<log_dir>/validation_step<N>.json`` and ``.md``: the suite, the number of tasks and samples per
+    task, the sampling settings and every ``val/*`` figure (greedy pass@1, pass@k, mean@n, reward,
+    response length, truncation), the markdown as a table.
+
+    At the end of ``fit`` the summary names the last validation of the warm-up phase (the one run at
+    the step where RL begins) and the last validation overall, plus the mean over RL steps of the
+    explorer's reflect-then-retry figures (``ROLLOUT_FIGURES``, when the explorer logs them), and is
+    written to ``<log_dir>/phase_report.json``; ``<log_dir>/progress.png`` plots validation success
+    (greedy and sampled) and ``reward/mean`` over steps (skipped, with a one-line note, without
+    matplotlib). The printed summary says where these files are.
     """
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.rollout_sums: dict[str, float] = {}
         self.rollout_steps: dict[str, int] = {}
+        self.reward_history: list[tuple[int, float]] = []
+        self._val_tasks = 0
+        self._checkpoint_step: Optional[int] = None
+        self.last_validation_file: Optional[str] = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         for name in ROLLOUT_FIGURES + RECORDED_FIGURES:
             if name in trainer.callback_metrics:
                 self.rollout_sums[name] = self.rollout_sums.get(name, 0.0) + float(trainer.callback_metrics[name])
                 self.rollout_steps[name] = self.rollout_steps.get(name, 0) + 1
+        if "reward/mean" in trainer.callback_metrics:
+            self.reward_history.append((int(trainer.global_step), float(trainer.callback_metrics["reward/mean"])))
 
     def rollout_means(self) -> dict[str, float]:
         return {name: self.rollout_sums[name] / self.rollout_steps[name] for name in self.rollout_sums}
+
+    # ---- validation ---------------------------------------------------------------------------
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # ``r3l validate --ckpt_path`` restores the weights but not the loops: name its files by the
+        # checkpoint's step rather than the trainer's 0.
+        self._checkpoint_step = checkpoint.get("global_step")
+
+    def _step(self, trainer: L.Trainer) -> int:
+        if not _fitting(trainer) and self._checkpoint_step is not None:
+            return int(self._checkpoint_step)
+        return int(trainer.global_step)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_tasks = 0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
+        self._val_tasks += len(getattr(batch, "tasks", ()))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1:  # every rank runs this hook: the sum is collective
+            count = torch.tensor(float(self._val_tasks), device=pl_module.device)
+            self._val_tasks = int(trainer.strategy.reduce(count, reduce_op="sum"))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or getattr(pl_module, "skips_validation", False):
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         warmup_steps = getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0)
-        phase = "warmup" if trainer.global_step <= warmup_steps and warmup_steps > 0 else "rl"
-        self.records.append({"step": trainer.global_step, "phase": phase, **metrics})
+        step = self._step(trainer)
+        phase = "warmup" if step <= warmup_steps and warmup_steps > 0 else "rl"
+        self.records.append({"step": step, "phase": phase, **metrics})
+        if trainer.is_global_zero:
+            self.last_validation_file = self.write_validation(trainer, self.records[-1])
+            if not _fitting(trainer):
+                print(f"[r3lightning] validation figures: {self.last_validation_file} (and .md)", flush=True)
 
+    def write_validation(self, trainer: L.Trainer, record: dict[str, Any]) -> str:
+        """Write ``record`` as ``<log_dir>/validation_step<N>.json`` and ``.md``; returns the JSON's path."""
+        dm = getattr(trainer, "datamodule", None)
+        sampling = getattr(dm, "val_sampling", None)
+        report = {
+            "step": record["step"],
+            "phase": record["phase"],
+            "suite": type(dm.suite).__name__ if dm is not None and hasattr(dm, "suite") else None,
+            "tasks": self._val_tasks,
+            "samples_per_task": getattr(dm, "val_samples", 1),
+            "val_sampling": (
+                {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
+                if sampling is not None
+                else None
+            ),
+            "metrics": {k: v for k, v in record.items() if k.startswith("val/")},
+        }
+        log_dir = log_dir_of(trainer)
+        os.makedirs(log_dir, exist_ok=True)
+        path = os.path.join(log_dir, f"validation_step{record['step']}.json")
+        with open(path, "w") as handle:
+            json.dump(report, handle, indent=2)
+        with open(path[: -len(".json")] + ".md", "w") as handle:
+            handle.write(validation_markdown(report))
+        return path
+
+    # ---- end of fit --------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         warmup = [r for r in self.records if r["phase"] == "warmup"]
         return {
@@ -73,12 +147,23 @@ class PhaseReport(L.Callback):
             "final": self.records[-1] if self.records else None,
             "rl_rollout_means": self.rollout_means(),
             "history": self.records,
+            "reward_history": [list(point) for point in self.reward_history],
         }
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or not self.records:
             return
         summary = self.summary()
+        log_dir = log_dir_of(trainer)
+        os.makedirs(log_dir, exist_ok=True)
+        report_path = os.path.join(log_dir, "phase_report.json")
+        with open(report_path, "w") as handle:
+            json.dump(summary, handle, indent=2)
+        plot_path, plot_note = os.path.join(log_dir, PLOT_FILE), None
+        try:
+            plot_progress(self.records, self.reward_history, plot_path)
+        except ImportError:
+            plot_path, plot_note = None, "progress plot skipped: matplotlib is not installed (pip install matplotlib)"
         lines = ["[r3lightning] validation success rate (greedy / sampled):"]
         for label, record in (("after warm-start", summary["after_warmup"]), ("after RL", summary["final"])):
             if record is not None:
@@ -90,16 +175,94 @@ class PhaseReport(L.Callback):
         for name, value in summary["rl_rollout_means"].items():
             if name in ROLLOUT_FIGURES:
                 lines.append(f"  {name} (mean over {self.rollout_steps[name]} RL steps): {100 * value:.1f}%")
+        if self.last_validation_file is not None:
+            lines.append(f"  last validation: {self.last_validation_file} (and .md)")
+        lines.append(f"  summary: {report_path}")
+        lines.append(f"  progress plot: {plot_path}" if plot_path else f"  {plot_note}")
         print("\n".join(lines), flush=True)
-        log_dir = log_dir_of(trainer)
-        os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, "phase_report.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"records": self.records, "rollout_sums": self.rollout_sums, "rollout_steps": self.rollout_steps}
+        return {
+            "records": self.records,
+            "rollout_sums": self.rollout_sums,
+            "rollout_steps": self.rollout_steps,
+            "reward_history": [list(point) for point in self.reward_history],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.records = list(state_dict.get("records", []))
         self.rollout_sums = dict(state_dict.get("rollout_sums", {}))
         self.rollout_steps = dict(state_dict.get("rollout_steps", {}))
+        self.reward_history = [(int(step), float(value)) for step, value in state_dict.get("reward_history", [])]
+
+
+# ---- files ---------------------------------------------------------------------------------------
+def _fitting(trainer: L.Trainer) -> bool:
+    state = getattr(trainer, "state", None)
+    return state is None or state.fn == "fit"
+
+
+def _pass_k(name: str) -> int:
+    return int(name.split("@", 1)[1])
+
+
+def validation_markdown(report: dict[str, Any]) -> str:
+    """A validation report (``PhaseReport.write_validation``) as a markdown table, one row per suite."""
+    metrics = report["metrics"]
+    passes = sorted((k for k in metrics if re.fullmatch(r"val/pass@\d+", k)), key=_pass_k)
+    means = [k for k in metrics if re.fullmatch(r"val/mean@\d+", k)]
+    percent = lambda key: f"{100 * metrics[key]:.1f}%" if key in metrics else "-"  # noqa: E731
+    number = lambda key, fmt: format(metrics[key], fmt) if key in metrics else "-"  # noqa: E731
+    columns = [("greedy pass@1", percent("val/success_rate_greedy"))]
+    columns += [(k.split("/", 1)[1], percent(k)) for k in passes + means]
+    columns += [
+        ("reward (sampled)", number("val/reward_mean", ".3f")),
+        ("response len greedy / sampled", f"{number('val/response_len_greedy', '.1f')} / {number('val/response_len', '.1f')}"),
+        ("truncated greedy / sampled", f"{percent('val/truncated_rate_greedy')} / {percent('val/truncated_rate')}"),
+    ]
+    sampling = report.get("val_sampling") or {}
+    samples = report.get("samples_per_task", 1)
+    lines = [
+        f"# Validation at step {report['step']} ({report['phase']})",
+        "",
+        f"{report.get('tasks', '?')} tasks: one greedy episode each, and {samples} sampled "
+        f"episode{'s' if samples != 1 else ''} each at temperature {sampling.get('temperature', '?')}, top_p "
+        f"{sampling.get('top_p', '?')}. pass@k is the unbiased estimator over the sampled episodes, mean@{samples} "
+        "their mean success.",
+        "",
+        "| suite | " + " | ".join(name for name, _ in columns) + " |",
+        "| --- | " + " | ".join("---:" for _ in columns) + " |",
+        f"| {report.get('suite') or '-'} | " + " | ".join(value for _, value in columns) + " |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot_progress(records: list[dict[str, Any]], reward_history: list[tuple[int, float]], path: str) -> None:
+    """Validation success (greedy and sampled) and ``reward/mean`` over steps, as a PNG at ``path``.
+    Raises ImportError without matplotlib."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(10, 3.6), layout="constrained")
+    val_axes, reward_axes = figure.subplots(1, 2)
+    passes = sorted({k for r in records for k in r if re.fullmatch(r"val/pass@\d+", k)}, key=_pass_k)
+    curves = [("val/success_rate_greedy", "greedy"), ("val/success_rate", "sampled")]
+    if passes and _pass_k(passes[-1]) > 1:
+        curves.append((passes[-1], f"sampled, {passes[-1].split('/', 1)[1]}"))
+    for key, label in curves:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            steps, values = zip(*points)
+            val_axes.plot(steps, values, marker="o", label=label)
+    val_axes.set(title="validation success rate", xlabel="step", ylim=(-0.02, 1.02))
+    if val_axes.lines:
+        val_axes.legend()
+    if reward_history:
+        steps, values = zip(*reward_history)
+        reward_axes.plot(steps, values, color="tab:green", marker="o" if len(steps) < 30 else None, markersize=3)
+    reward_axes.set(title="reward/mean (training rollouts)", xlabel="step")
+    for axes in (val_axes, reward_axes):
+        axes.grid(alpha=0.3)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.savefig(path, dpi=100)

@@ -27,6 +27,7 @@ import torch
 
 from r3lightning.models import (
     ModelConfig,
+    TinyModelSpec,
     apply_lora,
     build_tiny_model,
     load_pretrained,
@@ -62,6 +63,14 @@ def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "r3lightning" not in checkpoint or "state_dict" not in checkpoint:
         raise ValueError(f"checkpoint {ckpt_path!r} was not written by r3lightning (no 'r3lightning' section)")
     model_config = checkpoint.get("hyper_parameters", {}).get("model")
+    if isinstance(model_config, dict):
+        # ``r3l fit`` (LightningCLI) saves the init arguments as plain dicts.
+        try:
+            tiny = TinyModelSpec(**model_config.get("tiny", {}))
+            model_config = ModelConfig(**{**model_config, "tiny": tiny})
+        except TypeError as err:
+            raise ValueError(f"checkpoint {ckpt_path!r}: hyper_parameters['model'] is not a ModelConfig ({err})") from err
+        checkpoint["hyper_parameters"]["model"] = model_config
     if not isinstance(model_config, ModelConfig):
         raise ValueError(f"checkpoint {ckpt_path!r} has no ModelConfig in hyper_parameters['model']")
     return checkpoint
@@ -113,6 +122,15 @@ def rebuild_policy(checkpoint: dict[str, Any], ckpt_path: str):
             f"ModelConfig ({err})"
         ) from err
     return policy.eval(), tokenizer
+
+
+def load_policy(path: str):
+    """(policy, tokenizer) of a model given by ``path``: an r3lightning checkpoint file (rebuilt as
+    ``rebuild_policy`` does) or a Hugging Face model directory or id (``load_pretrained``). Used by
+    ``r3l gnt-pool`` and ``r3l reflect-sft`` to run an expert or a critic."""
+    if os.path.isfile(path):
+        return rebuild_policy(load_checkpoint(path), path)
+    return load_pretrained(ModelConfig(name_or_path=path))
 
 
 def _set_generation_ids(model, tokenizer) -> None:

@@ -1,8 +1,10 @@
 """PhaseReport: validation success per phase and the RL-phase means of the retry figures."""
 
 import json
+import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from r3lightning.callbacks.phase_report import PhaseReport
@@ -40,3 +42,62 @@ def test_summary_names_warmup_and_final_and_averages_rl_retry_figures(tmp_path, 
     assert "after warm-start  step    10:  25.0% /  12.5%" in printed
     assert "after RL          step    20:  75.0% /  50.0%" in printed
     assert "rollout/retry_improvement_rate (mean over 3 RL steps): 25.0%" in printed
+
+
+def _validate(report, tmp_path, step, metrics, module, tasks=4):
+    trainer = _trainer(tmp_path, step, metrics)
+    report.on_validation_epoch_start(trainer, module)
+    report.on_validation_batch_end(trainer, module, None, SimpleNamespace(tasks=[None] * tasks), 0)
+    report.on_validation_end(trainer, module)
+
+
+def test_each_validation_is_written_as_json_and_markdown(tmp_path):
+    report = PhaseReport()
+    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=0))
+    metrics = {
+        "val/success_rate_greedy": 0.5, "val/success_rate": 0.25, "val/pass@1": 0.25, "val/pass@2": 0.5,
+        "val/pass@4": 0.75, "val/mean@4": 0.25, "val/reward_mean": 0.3, "val/response_len_greedy": 6.0,
+        "val/response_len": 7.25, "val/truncated_rate_greedy": 0.0, "val/truncated_rate": 0.125,
+    }
+    _validate(report, tmp_path, 40, metrics, module, tasks=4)
+    written = json.loads((tmp_path / "validation_step40.json").read_text())
+    assert (written["step"], written["phase"], written["tasks"]) == (40, "rl", 4)
+    assert written["metrics"] == pytest.approx(metrics)
+    table = (tmp_path / "validation_step40.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| suite"))
+    assert "| greedy pass@1 | pass@1 | pass@2 | pass@4 | mean@4 | reward (sampled) |" in header
+    row = table[table.index(header) + 2]
+    assert row.startswith("| - | 50.0% | 25.0% | 50.0% | 75.0% | 25.0% | 0.300 | 6.0 / 7.2 | 0.0% / 12.5% |")
+
+
+def test_fit_end_plots_progress_and_says_where_the_files_are(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    report = PhaseReport()
+    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=2))
+    _validate(report, tmp_path, 2, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}, module)
+    for step, reward in ((3, 0.1), (4, 0.3)):
+        report.on_train_batch_end(_trainer(tmp_path, step, {"reward/mean": reward}), module, None, None, 0)
+    _validate(report, tmp_path, 4, {"val/success_rate_greedy": 0.5, "val/success_rate": 0.25, "val/pass@4": 0.75}, module)
+
+    resumed = PhaseReport()
+    resumed.load_state_dict(report.state_dict())
+    resumed.last_validation_file = report.last_validation_file
+    resumed.on_fit_end(_trainer(tmp_path, 4, {}), module)
+    assert (tmp_path / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = json.loads((tmp_path / "phase_report.json").read_text())["reward_history"]
+    assert [step for step, _ in history] == [3, 4] and [r for _, r in history] == pytest.approx([0.1, 0.3])
+    printed = capsys.readouterr().out
+    assert f"last validation: {tmp_path / 'validation_step4.json'} (and .md)" in printed
+    assert f"summary: {tmp_path / 'phase_report.json'}" in printed
+    assert f"progress plot: {tmp_path / 'progress.png'}" in printed
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import matplotlib.figure raises ImportError
+    report = PhaseReport()
+    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=0))
+    _validate(report, tmp_path, 3, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}, module)
+    report.on_fit_end(_trainer(tmp_path, 3, {}), module)
+    printed = capsys.readouterr().out
+    assert "progress plot skipped: matplotlib is not installed (pip install matplotlib)" in printed
+    assert not (tmp_path / "progress.png").exists() and (tmp_path / "phase_report.json").exists()

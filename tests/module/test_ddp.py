@@ -68,3 +68,6 @@ def test_cli_ddp_recipe_with_default_callbacks_and_one_micro_batch(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert "after RL" in done.stdout
     assert list(tmp_path.rglob("rollout_samples.jsonl"))
+    # The validation report counts the tasks of both ranks (4 each).
+    [report] = [json.loads(p.read_text()) for p in tmp_path.rglob("validation_step3.json")]
+    assert (report["tasks"], report["samples_per_task"]) == (8, 1)

@@ -119,12 +119,12 @@ class R3LightningModule(L.LightningModule):
         """The task stream is endless: a run needs ``trainer.max_steps``; a warm-start as long as the run
         leaves no RL step, which is allowed (an SFT-only run) but said once."""
         max_steps = self.trainer.max_steps
-        if max_steps is None or max_steps < 1:
+        if max_steps is None or max_steps < 0:
             raise ValueError(
                 f"trainer.max_steps is {max_steps}: the task stream never ends, so set trainer.max_steps to the "
                 "number of optimizer steps to run"
             )
-        if self.phases.sft_warmup_steps >= max_steps:
+        if 0 < max_steps <= self.phases.sft_warmup_steps:
             rank_zero_warn(
                 f"model.phases.sft_warmup_steps ({self.phases.sft_warmup_steps}) >= trainer.max_steps ({max_steps}): "
                 "this run is SFT only, no RL step will run"

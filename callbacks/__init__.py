@@ -3,6 +3,14 @@
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
 from r3lightning.callbacks.phase_report import PhaseReport
+from r3lightning.callbacks.reflective_distillation import ReflectiveToDirectDistillation
 from r3lightning.callbacks.vllm_sync import VLLMWeightSync
 
-__all__ = ["HealthWatchdog", "PhaseReport", "RolloutSampleLogger", "TrainingDynamicsMonitor", "VLLMWeightSync"]
+__all__ = [
+    "HealthWatchdog",
+    "PhaseReport",
+    "ReflectiveToDirectDistillation",
+    "RolloutSampleLogger",
+    "TrainingDynamicsMonitor",
+    "VLLMWeightSync",
+]

@@ -1,0 +1,157 @@
+"""ReflectRL's stage-1 data (docs/reflectrl.md): chat rows for the SFT head, built from a GNT pool.
+
+- A GT+ row (the expert was right) trains as plain SFT: the question, then the expert's answer.
+- A GNT row becomes a reflective row: the reflective prompt (the question and the wrong answer,
+  ``envs.reflective.reflective_prompt``) then a critique that names the wrong step, corrects it and
+  ends in ``\\boxed{answer}``. Critiques come from a critic (a suite's scripted critic, or a model,
+  ``model_critiques``); one is kept only when its final answer verifies (``keep_verified``), which
+  gives ``reflect_sft/critique_verified_rate``.
+
+The rows are ``{"messages": [system, user, assistant], "kind": "gt_plus"|"reflective", "provenance": {...}}``,
+what ``data.demos.source`` reads (``load_chat_jsonl``; the extra keys are ignored there). File
+demonstrations are taken in file order, so ``build_sft_rows`` shuffles them once with a seed: every
+warm-start step then mixes both kinds.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Optional
+
+from r3lightning.envs.base import Task, TaskSuite
+from r3lightning.envs.reflective import (
+    DEFAULT_REFLECTIVE_TEMPLATE,
+    LABEL_GNT,
+    LABEL_GT_PLUS,
+    pool_task,
+    reflective_prompt,
+)
+from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
+from r3lightning.rollout.engine import SamplingParams
+
+Verify = Callable[[dict[str, Any], str], bool]
+"""``(pool row, response text) -> whether the response's final answer is right for the row's task``."""
+
+
+def _chat(system_prompt: str, user: str, assistant: str) -> list[dict[str, str]]:
+    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return head + [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+
+
+def _provenance(row: dict[str, Any]) -> dict[str, Any]:
+    keys = ("task_id", "split", "index", "expert", "engine", "sampling", "sample", "reward", "source")
+    return {k: row[k] for k in keys if k in row}
+
+
+def gt_plus_row(row: dict[str, Any], system_prompt: str) -> dict[str, Any]:
+    """Plain SFT row of a GT+ pool row: [system], the question as the expert saw it, its answer."""
+    return {"messages": _chat(system_prompt, row["prompt"], row["response"]), "kind": "gt_plus", "provenance": _provenance(row)}
+
+
+def reflective_row(
+    row: dict[str, Any], critique: str, system_prompt: str, template: str = DEFAULT_REFLECTIVE_TEMPLATE, critic: str = ""
+) -> dict[str, Any]:
+    """Reflective SFT row of a GNT pool row: [system], the reflective prompt (question + GNT), then
+    ``critique`` (wrong step, correction, boxed answer)."""
+    prompt = reflective_prompt(row["prompt"], row["response"], template)
+    return {
+        "messages": _chat(system_prompt, prompt, critique),
+        "kind": "reflective",
+        "provenance": {**_provenance(row), "critic": critic},
+    }
+
+
+def suite_verifier(suite: TaskSuite) -> Verify:
+    """``Verify`` by ``suite``'s own environment (the pool's verifier): reset with the row's task, step once."""
+    from r3lightning.data.gnt_pool import verify_response
+
+    def verify(row: dict[str, Any], response: str) -> bool:
+        _, success, _, failed = verify_response(suite, pool_task(row), response)
+        return success and not failed
+
+    return verify
+
+
+def keep_verified(
+    candidates: list[tuple[dict[str, Any], list[str]]], verify: Verify
+) -> tuple[list[tuple[dict[str, Any], str]], float]:
+    """For each (GNT row, candidate critiques): the first critique whose final answer verifies, if any.
+
+    Returns ([(row, kept critique)], verified rate = verified candidates / all candidates, 0 when
+    there are none). Candidates after the first verified one are not checked."""
+    kept: list[tuple[dict[str, Any], str]] = []
+    checked = verified = 0
+    for row, critiques in candidates:
+        for critique in critiques:
+            checked += 1
+            if critique and verify(row, critique):
+                verified += 1
+                kept.append((row, critique))
+                break
+    return kept, (verified / checked if checked else 0.0)
+
+
+def scripted_critiques(rows: list[dict[str, Any]], critic: Callable[[Task, str], Optional[str]]) -> list[list[str]]:
+    """One candidate per GNT row from a scripted ``critic`` (``(direct task, wrong response) -> text``);
+    an empty list where it has none to give."""
+    out = []
+    for row in rows:
+        text = critic(pool_task(row), row["response"])
+        out.append([text] if text else [])
+    return out
+
+
+def model_critiques(
+    loop: AgentLoop, rows: list[dict[str, Any]], template: str, samples: int, params: SamplingParams
+) -> list[list[str]]:
+    """``samples`` critiques per GNT row from the model behind ``loop`` (seed torch's RNG first): it is
+    shown the reflective prompt, with the loop's suite's system prompt, and its whole answer is the
+    candidate critique."""
+    tasks = [
+        Task(row["task_id"], reflective_prompt(row["prompt"], row["response"], template), row["answer"], {"question": row["question"]})
+        for row in rows
+    ]
+    trajectories = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(samples)], params)
+    texts = [loop.tokenizer.decode([tok for turn in t.turns for tok in turn.response_ids], skip_special_tokens=True) for t in trajectories]
+    return [texts[i * samples : (i + 1) * samples] for i in range(len(rows))]
+
+
+def build_sft_rows(
+    pool: list[dict[str, Any]],
+    critiques: list[list[str]],
+    verify: Verify,
+    system_prompt: str,
+    template: str = DEFAULT_REFLECTIVE_TEMPLATE,
+    gt_plus: bool = True,
+    reflective: bool = True,
+    seed: int = 0,
+    critic: str = "",
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Stage-1 SFT rows from the *training* rows of a pool (validation rows are never trained on).
+
+    pool: pool rows (``label``, ``split``...); critiques: candidate critiques per training GNT row, in
+    pool order (``scripted_critiques`` / ``model_critiques``), ignored unless ``reflective``.
+    Returns (rows shuffled with ``seed``, stats): ``reflect_sft/critique_verified_rate``,
+    ``reflect_sft/gnt_rows``, ``reflect_sft/reflective_rows``, ``reflect_sft/gt_plus_rows``, ``reflect_sft/rows``.
+    """
+    train = [r for r in pool if r["split"] == "train"]
+    gnt = [r for r in train if r["label"] == LABEL_GNT]
+    rows = [gt_plus_row(r, system_prompt) for r in train if r["label"] == LABEL_GT_PLUS] if gt_plus else []
+    stats = {"reflect_sft/gnt_rows": float(len(gnt)), "reflect_sft/gt_plus_rows": float(len(rows))}
+    if reflective:
+        if len(critiques) != len(gnt):
+            raise ValueError(f"reflective SFT: {len(critiques)} critique lists for {len(gnt)} GNT rows")
+        kept, rate = keep_verified(list(zip(gnt, critiques)), verify)
+        rows += [reflective_row(r, c, system_prompt, template, critic) for r, c in kept]
+        stats["reflect_sft/critique_verified_rate"] = rate
+        stats["reflect_sft/reflective_rows"] = float(len(kept))
+    random.Random(seed).shuffle(rows)
+    stats["reflect_sft/rows"] = float(len(rows))
+    if not rows:
+        raise ValueError("reflective SFT: no rows (no GT+ rows, and no GNT row got a verified critique)")
+    return rows, stats
+
+
+def training_gnt_rows(pool: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GNT rows of split ``train``, in pool order (the rows critiques are made for)."""
+    return [r for r in pool if r["split"] == "train" and r["label"] == LABEL_GNT]

@@ -1,0 +1,219 @@
+"""``r3l gnt-pool`` and ``r3l reflect-sft``: build ReflectRL's golden-negative pool and its stage-1 SFT
+file (docs/reflectrl.md). Both read the suite (and its agent and sampling settings) from the same
+recipe ``r3l fit`` uses, so the pool, the SFT rows and the training run agree on prompts, system
+prompt and verifier.
+
+``r3lightning.cli.main`` dispatches here and hands in ``load_policy`` (``r3lightning.export``: an
+r3lightning checkpoint or a Hugging Face model directory -> (policy, tokenizer)), which lives above
+this layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, Optional
+
+import torch
+import yaml
+
+from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, write_jsonl
+from r3lightning.data.reflective_sft import (
+    build_sft_rows,
+    model_critiques,
+    scripted_critiques,
+    suite_verifier,
+    training_gnt_rows,
+)
+from r3lightning.envs.base import TaskSuite
+from r3lightning.envs.reflective import DEFAULT_REFLECTIVE_TEMPLATE, ReflectiveSuite, read_pool, scripted_critic
+from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.engine_config import EngineConfig, build_engine
+
+LoadPolicy = Callable[[str], tuple[torch.nn.Module, Any]]
+"""``path -> (policy, tokenizer)``: an r3lightning checkpoint file or a Hugging Face model directory/id."""
+
+MAX_MESSAGES = 5
+"""Skipped-row messages printed in full; the rest are counted."""
+
+
+def recipe_sections(path: str) -> dict[str, Any]:
+    """The ``data`` section of a recipe YAML (``data.suite`` required). Raises ValueError naming the file."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--config: no such file {path!r}")
+    with open(path) as handle:
+        config = yaml.safe_load(handle) or {}
+    data = config.get("data") or {}
+    if "suite" not in data:
+        raise ValueError(f"--config {path!r}: no data.suite section")
+    return data
+
+
+def build_suite(spec: dict[str, Any]) -> TaskSuite:
+    """Instantiate a ``class_path``/``init_args`` suite spec exactly as ``r3l fit`` would."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--suite", type=TaskSuite)
+    return parser.instantiate(parser.parse_object({"suite": spec})).suite
+
+
+def direct_suite(suite: TaskSuite) -> TaskSuite:
+    """The suite the expert answers: a ``ReflectiveSuite``'s wrapped suite, else ``suite`` itself."""
+    return suite.suite if isinstance(suite, ReflectiveSuite) else suite
+
+
+def _agent(data: dict[str, Any]) -> AgentLoopConfig:
+    return AgentLoopConfig(**(data.get("agent") or {}))
+
+
+def _sampling(data: dict[str, Any], args: argparse.Namespace) -> SamplingParams:
+    base = SamplingParams(**(data.get("sampling") or {}))
+    return SamplingParams(
+        temperature=base.temperature if args.temperature is None else args.temperature,
+        top_p=base.top_p if args.top_p is None else args.top_p,
+        max_new_tokens=base.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+        stop=list(base.stop),
+    )
+
+
+def _loop(suite: TaskSuite, model: str, backend: str, agent: AgentLoopConfig, load_policy: LoadPolicy, batch: int) -> AgentLoop:
+    policy, tokenizer = load_policy(model)
+    policy.eval()
+    model_path = model if backend == "vllm" and os.path.isdir(model) else ""
+    engine = build_engine(EngineConfig(backend=backend, max_batch_size=batch, model_path=model_path), policy, tokenizer)
+    return AgentLoop(suite, engine, tokenizer, agent)
+
+
+def _print_skipped(stats: PoolStats) -> None:
+    for message in stats.messages[:MAX_MESSAGES]:
+        print(f"r3l gnt-pool: {message}", file=sys.stderr)
+    if len(stats.messages) > MAX_MESSAGES:
+        print(f"r3l gnt-pool: ... and {len(stats.messages) - MAX_MESSAGES} more skipped rows", file=sys.stderr)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="recipe YAML whose data.suite (data.agent, data.sampling) is used")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="rollout engine of the model (default hf)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: data.sampling's)")
+    parser.add_argument("--top_p", type=float, default=None, help="nucleus mass (default: data.sampling's)")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="tokens per answer (default: data.sampling's)")
+    parser.add_argument("--batch_size", type=int, default=256, help="prompts per generate call")
+    parser.add_argument("--seed", type=int, default=0, help="seeds sampling (and the SFT rows' shuffle)")
+
+
+def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
+    """``r3l gnt-pool --config RECIPE (--expert MODEL | --rollouts FILE) --out POOL.jsonl``; returns the summary."""
+    parser = argparse.ArgumentParser(
+        prog="r3l gnt-pool",
+        description="Run an expert on a suite's training tasks (or read its rollouts), verify every answer, "
+        "and write GT+ (correct) and GNT (wrong) rows with provenance.",
+    )
+    _common(parser)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--expert", help="r3lightning checkpoint (.ckpt) or Hugging Face model directory/id")
+    source.add_argument("--rollouts", help="JSONL of existing expert rollouts: prompt, answer, response (+ task_id, split, question)")
+    parser.add_argument("--num_tasks", type=int, default=512, help="training tasks 0..N-1 the expert answers")
+    parser.add_argument("--samples", type=int, default=4, help="answers per training task")
+    parser.add_argument("--val_samples", type=int, default=4, help="answers per validation task (their GNTs are shown in reflective validation; 0: none)")
+    parser.add_argument("--max_reward", type=float, default=1.0, help="reward of a full success (data.max_reward)")
+    parser.add_argument("--out", required=True, help="pool JSONL to write; the summary goes to <out>.summary.json")
+    args = parser.parse_args(argv)
+    data = recipe_sections(args.config)
+    suite = direct_suite(build_suite(data["suite"]))
+    stats = PoolStats()
+    if args.rollouts:
+        rows = read_rollouts(args.rollouts, stats)
+    else:
+        params = _sampling(data, args)
+        loop = _loop(suite, args.expert, args.engine, _agent(data), load_policy, args.batch_size)
+        tasks = [("train", i, suite.train_task(i)) for i in range(args.num_tasks)]
+        torch.manual_seed(args.seed)
+        rows = expert_rollouts(loop, tasks, args.samples, params, args.expert, args.engine)
+        if args.val_samples > 0:
+            val = [("val", i, t) for i, t in enumerate(suite.val_tasks())]
+            rows += expert_rollouts(loop, val, args.val_samples, params, args.expert, args.engine)
+    pool, summary = build_pool(rows, suite, stats, args.max_reward)
+    _print_skipped(stats)
+    write_jsonl(args.out, pool)
+    summary["config"] = {k: v for k, v in vars(args).items()}
+    with open(f"{args.out}.summary.json", "w") as handle:
+        json.dump(summary, handle, indent=2)
+    print(
+        f"r3l gnt-pool: wrote {args.out}: gnt/count {summary['gnt/count']}, gt_plus/count {summary['gt_plus/count']}, "
+        f"gnt/expert_accuracy {summary['gnt/expert_accuracy']:.3f}, skipped {sum(stats.skipped.values())}"
+    )
+    return summary
+
+
+def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
+    """``r3l reflect-sft --config RECIPE --pool POOL.jsonl --out SFT.jsonl [--critic scripted|model]``; returns the stats."""
+    parser = argparse.ArgumentParser(
+        prog="r3l reflect-sft",
+        description="Build ReflectRL's stage-1 SFT file from a GNT pool: GT+ rows as plain SFT, GNT rows as "
+        "(reflective prompt -> verified critique + correction + boxed answer).",
+    )
+    _common(parser)
+    parser.add_argument("--pool", required=True, help="pool JSONL written by r3l gnt-pool")
+    parser.add_argument("--out", required=True, help="chat JSONL to write (data.demos.source); stats go to <out>.summary.json")
+    parser.add_argument("--critic", choices=("scripted", "model"), default="model", help="who writes critiques (default: a model)")
+    parser.add_argument("--critic_model", default=None, help="critic checkpoint or model directory (default: the pool's expert)")
+    parser.add_argument("--critic_samples", type=int, default=4, help="critiques sampled per GNT (model critic); the first that verifies is kept")
+    parser.add_argument("--no_reflective", action="store_true", help="GT+ rows only (the 'GT+ only' baseline's SFT data)")
+    parser.add_argument("--no_gt_plus", action="store_true", help="reflective rows only")
+    args = parser.parse_args(argv)
+    data = recipe_sections(args.config)
+    configured = build_suite(data["suite"])
+    suite = direct_suite(configured)
+    template = configured.template if isinstance(configured, ReflectiveSuite) else DEFAULT_REFLECTIVE_TEMPLATE
+    pool = read_pool(args.pool)
+    gnt = training_gnt_rows(pool)
+    critiques: list[list[str]] = []
+    critic_name = ""
+    if not args.no_reflective:
+        if args.critic == "scripted":
+            critic = scripted_critic(suite)
+            if critic is None:
+                raise ValueError(f"--critic scripted: {type(suite).__name__} has no scripted critic; use --critic model")
+            critiques, critic_name = scripted_critiques(gnt, critic), "scripted"
+        else:
+            critic_name = args.critic_model or _pool_expert(pool, args.pool)
+            loop = _loop(suite, critic_name, args.engine, _agent(data), load_policy, args.batch_size)
+            torch.manual_seed(args.seed)
+            critiques = model_critiques(loop, gnt, template, args.critic_samples, _sampling(data, args))
+    rows, stats = build_sft_rows(
+        pool, critiques, suite_verifier(suite), suite.system_prompt, template,
+        gt_plus=not args.no_gt_plus, reflective=not args.no_reflective, seed=args.seed, critic=critic_name,
+    )
+    write_jsonl(args.out, rows)
+    summary = {**stats, "config": vars(args)}
+    with open(f"{args.out}.summary.json", "w") as handle:
+        json.dump(summary, handle, indent=2)
+    rate = stats.get("reflect_sft/critique_verified_rate")
+    print(
+        f"r3l reflect-sft: wrote {args.out}: {int(stats['reflect_sft/rows'])} rows "
+        f"({int(stats['reflect_sft/gt_plus_rows'])} GT+, {int(stats.get('reflect_sft/reflective_rows', 0))} reflective"
+        + (f"; reflect_sft/critique_verified_rate {rate:.3f}" if rate is not None else "")
+        + ")"
+    )
+    return summary
+
+
+def _pool_expert(pool: list[dict[str, Any]], path: str) -> str:
+    experts = sorted({r.get("expert", "") for r in pool} - {""})
+    if len(experts) != 1:
+        raise ValueError(f"--critic model: give --critic_model (the pool {path!r} names {len(experts)} experts)")
+    return experts[0]
+
+
+def main(command: str, argv: list[str], load_policy: LoadPolicy) -> Optional[dict[str, Any]]:
+    """Run ``r3l gnt-pool`` or ``r3l reflect-sft``; bad input exits with status 2 and a one-line message."""
+    run = {"gnt-pool": gnt_pool_main, "reflect-sft": reflect_sft_main}[command]
+    try:
+        return run(argv, load_policy)
+    except (ValueError, OSError) as err:
+        print(f"r3l {command}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,236 @@
+"""ReflectRL's task views of a suite: reflective (a golden negative in context) and direct (plain).
+
+A *golden negative* (GNT) is an expert's wrong answer to a training question, kept with its full
+reasoning (``r3l gnt-pool`` writes them, ``r3lightning.data.gnt_pool``). A *reflective* task shows the
+question and that wrong answer and asks for the wrong step, a correction and the final answer; a
+*direct* task is the wrapped suite's own question. ``ReflectiveSuite`` serves both:
+
+- training task ``index`` is reflective below ``direct_from_index`` and direct from it on, a pure
+  function of the index, so Lightning's one-batch prefetch and exact resume need nothing more (the
+  ``ReflectiveToDirectDistillation`` callback sets ``direct_from_index`` from its switch step before
+  the stream starts);
+- validation tasks are the wrapped suite's, each carrying the GNT the expert wrote for it, if any;
+  whether an episode shows it is decided when its environment is made, from
+  ``show_gnt_in_validation`` (stage 1: reflective validation; stage 2: direct).
+
+The reflective prompt is built here only (``reflective_prompt``), so the reflective SFT rows
+(``r3lightning.data.reflective_sft``) and the reflective tasks see exactly the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Optional
+
+from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
+from r3lightning.envs.common import finite_index
+
+DEFAULT_REFLECTIVE_TEMPLATE = (
+    "{question}\nA previous answer, which is wrong:\n{attempt}\n"
+    "Name the wrong step, correct it and give the final answer in \\boxed{{}}."
+)
+"""The reflective prompt: ``{question}`` (the task's prompt as the expert saw it) and ``{attempt}`` (the GNT)."""
+
+LABEL_GNT, LABEL_GT_PLUS = "gnt", "gt_plus"
+POOL_FIELDS = ("label", "task_id", "split", "question", "prompt", "answer", "response")
+"""Fields every row of a GNT pool file has (``r3lightning.data.gnt_pool`` writes them, with provenance)."""
+
+
+def reflective_prompt(question: str, attempt: str, template: str = DEFAULT_REFLECTIVE_TEMPLATE) -> str:
+    """The user message of a reflective task: ``template`` with ``question`` (str, the prompt the expert
+    answered) and ``attempt`` (str, its wrong answer, whole) filled in."""
+    return template.format(question=question, attempt=attempt.strip())
+
+
+def read_pool(path: str) -> list[dict[str, Any]]:
+    """Rows of a GNT pool file written by ``r3l gnt-pool`` (list of dicts with ``POOL_FIELDS``).
+
+    Raises FileNotFoundError naming ``path``; ValueError naming the row when one is not such a row
+    (the pool writer only writes valid rows, so this means the file was edited or is another file).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GNT pool: no such file {path!r} (write it with `r3l gnt-pool ... --out {path}`)")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
+            missing = [f for f in POOL_FIELDS if not isinstance(row, dict) or f not in row]
+            if missing:
+                raise ValueError(f"{path}, row {number}: not a GNT pool row (no field {missing[0]!r})")
+            rows.append(row)
+    return rows
+
+
+def pool_task(row: dict[str, Any]) -> Task:
+    """The direct task a pool row answers (its prompt, reference answer and question)."""
+    return Task(task_id=row["task_id"], prompt=row["prompt"], answer=row["answer"], data={"question": row["question"]})
+
+
+class ReflectiveEnv:
+    """The wrapped suite's environment; on a validation task with a GNT, when ``show_gnt``, the first
+    observation is the reflective prompt instead of the question. Verification is the wrapped
+    environment's (the reference answer is the same)."""
+
+    def __init__(self, inner: Environment, show_gnt: bool) -> None:
+        self.inner = inner
+        self.show_gnt = show_gnt
+
+    def reset(self, task: Task) -> str:
+        observation = self.inner.reset(task)
+        reflective = task.data.get("reflective_prompt")
+        return reflective if self.show_gnt and reflective else observation
+
+    def step(self, action: str) -> StepResult:
+        return self.inner.step(action)
+
+
+class ReflectiveSuite(TaskSuite):
+    """ReflectRL's view of a single-turn suite: reflective tasks (a golden negative in context) for
+    stage 1, the suite's own direct tasks for stage 2 (docs/reflectrl.md).
+
+    Args:
+        suite: the wrapped single-turn suite (its tasks, environment, verifier and system prompt),
+            e.g. ``r3lightning.envs.math_env.MathSuite``.
+        pool: path of the GNT pool (``r3l gnt-pool --out``). Its ``gnt`` rows of split ``train`` are the
+            reflective training tasks (each pass over them reshuffled); those of split ``val`` are
+            shown with their validation question in reflective validation. Read when first needed.
+        template: the reflective prompt, with ``{question}`` and ``{attempt}``; ``r3l reflect-sft``
+            reads it from the same config, so stage-1 SFT and reflective tasks match.
+        direct_from_index: training tasks with this index or higher are the wrapped suite's direct
+            tasks (the same index); null: every training task is reflective. The
+            ``ReflectiveToDirectDistillation`` callback sets it to its switch step x world size x
+            ``data.tasks_per_step`` when fit starts, after an in-memory tokenizer was trained on the
+            suite's first tasks, so the tokenizer does not depend on the switch step.
+        show_gnt_in_validation: validation episodes of questions with a GNT show it (reflective
+            validation). The callback sets it per validation: on in stage 1, off in stage 2.
+        seed: seeds the per-pass shuffle of the reflective training tasks.
+    """
+
+    def __init__(
+        self,
+        suite: TaskSuite,
+        pool: str,
+        template: str = DEFAULT_REFLECTIVE_TEMPLATE,
+        direct_from_index: Optional[int] = None,
+        show_gnt_in_validation: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if suite.max_turns != 1:
+            raise ValueError(
+                f"ReflectiveSuite: the wrapped suite must be single-turn (max_turns 1), got {suite.max_turns}"
+            )
+        if "{question}" not in template or "{attempt}" not in template:
+            raise ValueError("ReflectiveSuite: template needs both {question} and {attempt}")
+        self.suite = suite
+        self.pool = pool
+        self.template = template
+        self.direct_from_index = direct_from_index
+        self.show_gnt_in_validation = show_gnt_in_validation
+        self.seed = seed
+        self.system_prompt = suite.system_prompt
+        self.max_turns = 1
+        self._train_gnt: Optional[list[dict[str, Any]]] = None
+        self._val_gnt: dict[str, dict[str, Any]] = {}
+
+    # ---- the pool -----------------------------------------------------------------------------
+    def _load(self) -> list[dict[str, Any]]:
+        if self._train_gnt is None:
+            rows = read_pool(self.pool)
+            train = [r for r in rows if r["label"] == LABEL_GNT and r["split"] == "train"]
+            if not train:
+                raise ValueError(f"ReflectiveSuite: the pool {self.pool!r} has no GNT rows of split 'train'")
+            for row in rows:  # the first GNT of each validation question
+                if row["label"] == LABEL_GNT and row["split"] == "val":
+                    self._val_gnt.setdefault(row["task_id"], row)
+            self._train_gnt = train
+        return self._train_gnt
+
+    @property
+    def num_train_gnt(self) -> int:
+        return len(self._load())
+
+    # ---- tasks --------------------------------------------------------------------------------
+    def is_direct(self, index: int) -> bool:
+        """Whether training task ``index`` is direct (pure function of the index and the config)."""
+        return self.direct_from_index is not None and index >= self.direct_from_index
+
+    def train_task(self, index: int) -> Task:
+        if index < 0:
+            raise IndexError(f"ReflectiveSuite: train_task index must be >= 0, got {index}")
+        if self.is_direct(index):
+            return self.suite.train_task(index)
+        rows = self._load()
+        number = finite_index(self.seed, index, len(rows))
+        return self.reflective_task(rows[number], f"{rows[number]['task_id']}~gnt{number}")
+
+    def reflective_task(self, row: dict[str, Any], task_id: str) -> Task:
+        """The reflective task of pool row ``row``: its GNT in the prompt, the same reference answer."""
+        return Task(
+            task_id=task_id,
+            prompt=reflective_prompt(row["prompt"], row["response"], self.template),
+            answer=row["answer"],
+            data={"question": row["question"], "direct_prompt": row["prompt"], "gnt": row["response"], "reflective": True},
+        )
+
+    def val_tasks(self) -> list[Task]:
+        self._load()
+        tasks = []
+        for task in self.suite.val_tasks():
+            row = self._val_gnt.get(task.task_id)
+            data = dict(task.data)
+            if row is not None:
+                data.update(reflective_prompt=reflective_prompt(task.prompt, row["response"], self.template), gnt=row["response"])
+            tasks.append(Task(task.task_id, task.prompt, task.answer, data))
+        return tasks
+
+    @property
+    def val_gnt_coverage(self) -> float:
+        """Share of validation questions that have a GNT (the others are always shown directly)."""
+        tasks = self.suite.val_tasks()
+        self._load()
+        return sum(t.task_id in self._val_gnt for t in tasks) / max(len(tasks), 1)
+
+    def make_env(self) -> ReflectiveEnv:
+        return ReflectiveEnv(self.suite.make_env(), self.show_gnt_in_validation)
+
+    # ---- scripted data --------------------------------------------------------------------------
+    def critic(self) -> Optional[Callable[[Task, str], Optional[str]]]:
+        """The wrapped suite's scripted critic, ``(direct task, wrong response) -> critique text``, or
+        None when it has none. Math suites have one (``envs.math_critic``: arithmetic and
+        reasoning-gym expressions); other suites may define ``scripted_critique(task, response)``
+        returning the text."""
+        return scripted_critic(self.suite)
+
+    def demonstration(self, task: Task) -> Optional[list[str]]:
+        """Reflective tasks: the scripted critique of their GNT (None without a critic); direct tasks:
+        the wrapped suite's demonstration."""
+        if not task.data.get("reflective"):
+            return self.suite.demonstration(task)
+        critic = self.critic()
+        if critic is None:
+            return None
+        direct = Task(task.task_id, task.data["direct_prompt"], task.answer, {"question": task.data["question"]})
+        text = critic(direct, task.data["gnt"])
+        return [text] if text else None
+
+
+def scripted_critic(suite: TaskSuite) -> Optional[Callable[[Task, str], Optional[str]]]:
+    """``(task, wrong response) -> critique text or None`` for ``suite``, or None when it has no critic."""
+    from r3lightning.envs.math_env import MathSuite
+
+    if isinstance(suite, MathSuite):
+        from r3lightning.envs.math_critic import scripted_critique
+
+        def math_critic(task: Task, response: str) -> Optional[str]:
+            critique = scripted_critique(task, response)
+            return critique.text if critique is not None else None
+
+        return math_critic
+    own = getattr(suite, "scripted_critique", None)
+    return own if callable(own) else None

@@ -1,0 +1,225 @@
+"""ReflectiveToDirectDistillation: the switch happens once, at the configured step; the teacher is a
+frozen copy that never changes while the student trains; its KL is zero while student == teacher;
+the data and the validation turn direct; and a run resumed in stage 2 gets the same teacher and phase.
+
+The suite is ``DigitSuite`` (any digit is right) wrapped in a ``ReflectiveSuite``, so a random tiny
+policy gets mixed rewards and the student moves away from its teacher in a few steps.
+"""
+
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from digit_suite import DigitSuite
+from harness import module_and_data, quiet_trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.callbacks import ReflectiveToDirectDistillation
+from r3lightning.data.datamodule import DemoConfig
+from r3lightning.data.gnt_pool import PoolStats, build_pool, write_jsonl
+from r3lightning.data.reflective_sft import build_sft_rows, scripted_critiques, suite_verifier, training_gnt_rows
+from r3lightning.envs.reflective import ReflectiveSuite
+
+
+def digit_rows(suite):
+    rows = []
+    for split, tasks in (("train", [suite.train_task(i) for i in range(6)]), ("val", suite.val_tasks())):
+        for index, task in enumerate(tasks):
+            for sample, response in enumerate((task.answer, "none")):
+                rows.append({"task_id": task.task_id, "split": split, "index": index, "question": task.prompt,
+                             "prompt": task.prompt, "answer": task.answer, "response": response, "expert": "x",
+                             "engine": "none", "sampling": {}, "sample": sample, "source": "generated"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reflectrl")
+    suite = DigitSuite()
+    pool, _ = build_pool(digit_rows(suite), suite, PoolStats())
+    write_jsonl(str(root / "pool.jsonl"), pool)
+    critiques = scripted_critiques(training_gnt_rows(pool), lambda task, response: f"{response} has no digit. {task.answer}")
+    rows, _ = build_sft_rows(pool, critiques, suite_verifier(suite), suite.system_prompt)
+    write_jsonl(str(root / "sft.jsonl"), rows)
+    return SimpleNamespace(root=root, pool=str(root / "pool.jsonl"), sft=str(root / "sft.jsonl"))
+
+
+def make(files, sft_steps=2, algorithm=None, seed=3):
+    module, dm = module_and_data(
+        ReflectiveSuite(DigitSuite(), files.pool), sft_steps=sft_steps, lr=1e-2, seed=seed,
+        algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
+    )
+    dm.demos = DemoConfig(source=files.sft, tasks_per_step=4)
+    return module, dm
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class Probe(L.Callback):
+    """Per step: whether the batch's tasks are reflective, the logged distill/* figures, the teacher."""
+
+    def __init__(self):
+        self.steps, self.teachers, self.validations = {}, {}, []
+        self.set_teacher_calls = []
+
+    def on_fit_start(self, trainer, module):
+        original = module.set_teacher
+
+        def counted(teacher, *args, **kwargs):
+            self.set_teacher_calls.append((trainer.global_step, teacher is not None))
+            return original(teacher, *args, **kwargs)
+
+        module.set_teacher = counted
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if module.teacher is not None:
+            self.teachers.setdefault(id(module.teacher), (trainer.global_step, weights(module.teacher), weights(module.policy)))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        metrics = trainer.callback_metrics
+        self.steps[trainer.global_step - 1] = {
+            "reflective": [bool(t.data.get("reflective")) for t in batch.tasks],
+            "phase": float(metrics["distill/phase"]),
+            "kl": float(metrics["distill/kl_teacher"]) if "distill/kl_teacher" in metrics and module.phase == "rl" else None,
+            "has_teacher_loss": "train/loss_teacher_kl" in metrics,
+        }
+
+    def on_validation_start(self, trainer, module):
+        self.validations.append((trainer.global_step, trainer.datamodule.suite.show_gnt_in_validation))
+
+
+def fit(module, dm, steps, callbacks, ckpt_path=None, **trainer_args):
+    trainer = quiet_trainer(steps, deterministic=True, callbacks=callbacks, **trainer_args)
+    trainer.fit(module, dm, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_switches_once_at_the_step_and_the_teacher_stays_frozen(files):
+    module, dm = make(files, sft_steps=2)
+    probe = Probe()
+    fit(module, dm, 5, [ReflectiveToDirectDistillation(beta=0.5), probe])
+    # Exactly one teacher, set before step 2 ran (the first stage-2 step).
+    assert probe.set_teacher_calls == [(2, True)]
+    assert [probe.steps[s]["phase"] for s in range(5)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    # The data: reflective tasks in stage 1 (the SFT head trains from the file), direct from the switch on.
+    assert all(all(probe.steps[s]["reflective"]) for s in (0, 1))
+    assert not any(any(probe.steps[s]["reflective"]) for s in (2, 3, 4))
+    assert dm.suite.direct_from_index == 2 * 1 * dm.tasks_per_step
+    # The teacher: the policy as stage 2 began, no gradients, unchanged while the student trained.
+    [(step, at_switch, policy_at_switch)] = probe.teachers.values()
+    assert step == 2
+    for name, value in weights(module.teacher).items():
+        assert torch.equal(value, at_switch[name]) and torch.equal(value, policy_at_switch[name]), name
+    assert all(not p.requires_grad and p.grad is None for p in module.teacher.parameters())
+    assert not module.teacher.training
+    assert any(not torch.equal(v, at_switch[k]) for k, v in weights(module.policy).items())  # the student moved
+    assert all(m is not module.teacher for m in module.modules())  # not a submodule: not in the state dict
+    # KL(student || teacher) is zero while they are equal (the first stage-2 step), then positive.
+    assert probe.steps[2]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert probe.steps[4]["kl"] > 1e-6
+    assert probe.steps[4]["has_teacher_loss"]
+
+
+@pytest.mark.parametrize(
+    "advantage, policy_loss, estimator",
+    [("grpo", "ppo_clip", "exact"), ("rloo", "pg", "exact"), ("reinforce", "pg", "sampled"), ("grpo", "pg", "sampled")],
+)
+def test_the_teacher_kl_joins_any_objective(files, advantage, policy_loss, estimator):
+    module, dm = make(files, sft_steps=1, algorithm=AlgorithmConfig(advantage=advantage, policy_loss=policy_loss))
+    probe = Probe()
+    fit(module, dm, 3, [ReflectiveToDirectDistillation(beta=0.5, estimator=estimator), probe])
+    assert module.teacher_kl_estimator == estimator and module.teacher_kl_coef == 0.5
+    assert probe.steps[1]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert probe.steps[2]["kl"] > 0 and probe.steps[2]["has_teacher_loss"]
+
+
+def test_beta_zero_switches_the_data_without_a_teacher(files):
+    module, dm = make(files, sft_steps=1)
+    probe = Probe()
+    fit(module, dm, 2, [ReflectiveToDirectDistillation(beta=0.0), probe])
+    assert module.teacher is None and probe.set_teacher_calls == []
+    assert probe.steps[1]["phase"] == 1.0 and not any(probe.steps[1]["reflective"])
+    assert not probe.steps[1]["has_teacher_loss"]
+
+
+def test_later_switch_step_and_validation_modes(files):
+    """Stage 1 may go on with RL on reflective tasks; validation is reflective up to the switch (where the
+    direct questions are validated too) and direct after it."""
+    module, dm = make(files, sft_steps=1)
+    probe = Probe()
+    callback = ReflectiveToDirectDistillation(beta=0.5, switch_step=2)
+    fit(module, dm, 4, [callback, probe], limit_val_batches=1, val_check_interval=2, check_val_every_n_epoch=None)
+    assert probe.set_teacher_calls == [(2, True)]
+    assert all(probe.steps[1]["reflective"]) and module.phase == "rl"  # step 1 was a reflective RL step
+    assert not any(probe.steps[2]["reflective"])
+    assert probe.validations == [(2, True), (4, False)]
+    first, last = callback.records
+    assert (first["stage"], first["mode"], last["stage"], last["mode"]) == (1, "reflective", 2, "direct")
+    assert {"val/success_rate_greedy", "val_direct/success_rate_greedy", "val_direct/response_len"} <= set(first)
+    assert "val_direct/success_rate_greedy" not in last
+
+
+@pytest.mark.parametrize("storage", ["checkpoint", "file"])
+def test_resume_in_stage_two_restores_teacher_and_phase(files, tmp_path, storage):
+    N = 2
+
+    def callbacks(saver=None):
+        distill = ReflectiveToDirectDistillation(beta=0.5, teacher_storage=storage)
+        return distill, [distill, *([saver] if saver else [])]
+
+    L.seed_everything(0)
+    module, dm = make(files, sft_steps=1)
+    saver = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=N, save_top_k=-1)
+    straight, cbs = callbacks(saver)
+    fit(module, dm, 2 * N, cbs, enable_checkpointing=True, default_root_dir=str(tmp_path))
+    checkpoint = str(tmp_path / f"step={N}.ckpt")
+    state = torch.load(checkpoint, weights_only=True)["callbacks"]
+    [saved] = [v for k, v in state.items() if "ReflectiveToDirectDistillation" in k]
+    assert (saved["phase"], saved["switched_at"], saved["beta"]) == ("distill", 1, 0.5)
+    assert (saved["teacher"] is not None) == (storage == "checkpoint")
+
+    L.seed_everything(1234)  # a fresh process starts from another global RNG state
+    resumed_module, resumed_dm = make(files, sft_steps=1)
+    resumed, cbs = callbacks()
+    fit(resumed_module, resumed_dm, 2 * N, cbs, ckpt_path=checkpoint, default_root_dir=str(tmp_path))
+    assert (resumed.phase, resumed.switched_at) == ("distill", 1)
+    assert resumed_module.teacher is not None and resumed_module.teacher_kl_coef == 0.5
+    assert all(not p.requires_grad for p in resumed_module.teacher.parameters())
+    for name, value in weights(module.teacher).items():
+        assert torch.equal(weights(resumed_module.teacher)[name], value), name
+    for name, value in weights(module.policy).items():
+        torch.testing.assert_close(weights(resumed_module.policy)[name], value, rtol=1e-6, atol=1e-7, msg=name)
+    assert any(not torch.equal(weights(module.policy)[k], v) for k, v in weights(module.teacher).items())
+
+
+def test_bad_settings_fail_clearly(files):
+    module, dm = make(files, sft_steps=2)
+    with pytest.raises(ValueError, match="before the end of the reflective SFT"):
+        fit(module, dm, 1, [ReflectiveToDirectDistillation(switch_step=1)])
+    module, dm = module_and_data(DigitSuite())
+    with pytest.raises(ValueError, match="needs data.suite: r3lightning.envs.reflective.ReflectiveSuite"):
+        fit(module, dm, 1, [ReflectiveToDirectDistillation()])
+    with pytest.raises(ValueError, match="beta"):
+        ReflectiveToDirectDistillation(beta=-1.0)
+    with pytest.raises(ValueError, match="estimator"):
+        ReflectiveToDirectDistillation(estimator="k3")
+
+
+def test_a_stage_one_checkpoint_starts_stage_two_with_the_configured_beta(files, tmp_path):
+    module, dm = make(files, sft_steps=1)
+    trainer = fit(module, dm, 1, [ReflectiveToDirectDistillation(beta=0.5)], default_root_dir=str(tmp_path))
+    checkpoint = str(tmp_path / "stage1.ckpt")
+    trainer.save_checkpoint(checkpoint)
+    resumed_module, resumed_dm = make(files, sft_steps=1)
+    callback = ReflectiveToDirectDistillation(beta=0.2, estimator="sampled")
+    fit(resumed_module, resumed_dm, 2, [callback], ckpt_path=checkpoint, default_root_dir=str(tmp_path))
+    assert (callback.beta, callback.phase, callback.switched_at) == (0.2, "distill", 1)
+    assert (resumed_module.teacher_kl_coef, resumed_module.teacher_kl_estimator) == (0.2, "sampled")
+    with pytest.raises(ValueError, match="switch at step 1, this run switches at 2"):
+        other_module, other_dm = make(files, sft_steps=1)
+        fit(other_module, other_dm, 3, [ReflectiveToDirectDistillation(switch_step=2)], ckpt_path=checkpoint,
+            default_root_dir=str(tmp_path))

@@ -1,6 +1,7 @@
 """Lightning callbacks for r3lightning runs (name them under ``trainer.callbacks`` in a config)."""
 
 from r3lightning.callbacks.health import HealthWatchdog
+from r3lightning.callbacks.hf_export import HuggingFaceExport
 from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
 from r3lightning.callbacks.phase_report import PhaseReport
 from r3lightning.callbacks.reflective_distillation import ReflectiveToDirectDistillation
@@ -8,6 +9,7 @@ from r3lightning.callbacks.vllm_sync import VLLMWeightSync
 
 __all__ = [
     "HealthWatchdog",
+    "HuggingFaceExport",
     "PhaseReport",
     "ReflectiveToDirectDistillation",
     "RolloutSampleLogger",

@@ -159,20 +159,33 @@ def export_checkpoint(ckpt_path: str, out_dir: str, lora: LoraExport = "merged")
         giving a plain model; ``adapter`` writes only the PEFT adapter (``adapter_config.json``,
         ``adapter_model.safetensors``) plus the tokenizer, for the base model at ``name_or_path``.
     """
-    if lora not in ("merged", "adapter"):
-        raise ValueError(f"lora must be 'merged' or 'adapter', got {lora!r}")
     checkpoint = load_checkpoint(ckpt_path)
     config: ModelConfig = checkpoint["hyper_parameters"]["model"]
-    if lora == "adapter" and config.lora_rank <= 0:
-        raise ValueError(f"checkpoint {ckpt_path!r} has no LoRA adapter (lora_rank 0): export with lora='merged'")
-    if lora == "adapter" and not config.name_or_path:
-        raise ValueError(
-            f"checkpoint {ckpt_path!r}: its base model is a tiny model built in memory, which no adapter can "
-            "refer to; export with lora='merged'"
-        )
+    check_export(config, lora, f"checkpoint {ckpt_path!r}")
     _check_out_dir(out_dir)
     policy, tokenizer = rebuild_policy(checkpoint, ckpt_path)
     del checkpoint  # its memory-mapped tensors were copied into the policy
+    return export_policy(policy, tokenizer, config, out_dir, lora)
+
+
+def check_export(config: ModelConfig, lora: LoraExport, source: str) -> None:
+    """Refuse an export ``lora`` cannot give for a policy built from ``config`` (``source`` names it)."""
+    if lora not in ("merged", "adapter"):
+        raise ValueError(f"lora must be 'merged' or 'adapter', got {lora!r}")
+    if lora == "adapter" and config.lora_rank <= 0:
+        raise ValueError(f"{source} has no LoRA adapter (lora_rank 0): export with lora='merged'")
+    if lora == "adapter" and not config.name_or_path:
+        raise ValueError(
+            f"{source}: its base model is a tiny model built in memory, which no adapter can refer to; "
+            "export with lora='merged'"
+        )
+
+
+def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: LoraExport = "merged") -> str:
+    """Write ``policy`` (built from ``config``, LoRA-wrapped when ``config.lora_rank > 0``) and its
+    ``tokenizer`` to the empty or new directory ``out_dir``; returns ``out_dir``. Merging consumes the
+    LoRA wrapper: pass a copy of a policy that goes on training."""
+    _check_out_dir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     if lora == "adapter":
         policy.save_pretrained(out_dir, safe_serialization=True)

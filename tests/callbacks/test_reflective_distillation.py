@@ -146,13 +146,14 @@ def test_beta_zero_switches_the_data_without_a_teacher(files):
     assert not probe.steps[1]["has_teacher_loss"]
 
 
-def test_later_switch_step_and_validation_modes(files):
+def test_later_switch_step_and_validation_modes(files, tmp_path):
     """Stage 1 may go on with RL on reflective tasks; validation is reflective up to the switch (where the
     direct questions are validated too) and direct after it."""
     module, dm = make(files, sft_steps=1)
     probe = Probe()
     callback = ReflectiveToDirectDistillation(beta=0.5, switch_step=2)
-    fit(module, dm, 4, [callback, probe], limit_val_batches=1, val_check_interval=2, check_val_every_n_epoch=None)
+    fit(module, dm, 4, [callback, probe], limit_val_batches=1, val_check_interval=2, check_val_every_n_epoch=None,
+        default_root_dir=str(tmp_path))  # the callback's report goes there, not into the working directory
     assert probe.set_teacher_calls == [(2, True)]
     assert all(probe.steps[1]["reflective"]) and module.phase == "rl"  # step 1 was a reflective RL step
     assert not any(probe.steps[2]["reflective"])

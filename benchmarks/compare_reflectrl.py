@@ -85,8 +85,9 @@ def _fit(config_path: Path, extra: list[str]):
     return cli, report, distill
 
 
-def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threads: int) -> dict:
-    """Train stage 1 (the warm-start, ending with the switch-step validation) and checkpoint it."""
+def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
+    """Train stage 1 (the warm-start, ending with the switch-step validation) and checkpoint it; the
+    result is also written to ``result_path`` (by the worker: an interrupted comparison keeps it)."""
     import torch
 
     if threads:
@@ -99,10 +100,12 @@ def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threa
     saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
     saved.pop("hyper_parameters", None)  # each objective's own model: config applies on resume
     torch.save(saved, checkpoint)
-    return {"records": distill.records, "wall_s": time.perf_counter() - start}
+    result = {"records": distill.records, "wall_s": time.perf_counter() - start}
+    Path(result_path).write_text(json.dumps(result))
+    return result
 
 
-def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkpoint: str, threads: int) -> dict:
+def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
     import torch
 
     if threads:
@@ -117,7 +120,7 @@ def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkp
     stage1 = [r for r in distill.records if r["stage"] == 1][-1]
     stage2 = [r for r in distill.records if r["stage"] == 2][-1]
     means = report.rollout_means()
-    return {
+    result = {
         "stage1_reflective_greedy": stage1["val/success_rate_greedy"],
         "stage1_reflective_sampled": stage1["val/success_rate"],
         "stage1_direct_greedy": stage1.get("val_direct/success_rate_greedy"),
@@ -130,6 +133,8 @@ def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkp
         "records": distill.records,
         "wall_s": time.perf_counter() - start,
     }
+    Path(result_path).write_text(json.dumps(result))
+    return result
 
 
 def summarize(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
@@ -181,13 +186,12 @@ def main() -> None:
             stage1[key] = json.loads(path.read_text())
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
         futures = {
-            pool.submit(stage_one, p, s, configs[p, s], checkpoints[p, s], args.threads): (p, s)
+            pool.submit(stage_one, p, s, configs[p, s], checkpoints[p, s], args.threads, str(done_dir / f"stage1_{p}_seed{s}.json")): (p, s)
             for p, s in configs if (p, s) not in stage1
         }
         for future in as_completed(futures):
             p, s = futures[future]
             stage1[p, s] = future.result()
-            (done_dir / f"stage1_{p}_seed{s}.json").write_text(json.dumps(stage1[p, s]))
             print(f"stage 1 {p} seed {s}: {json.dumps(stage1[p, s]['records'][-1:])}", flush=True)
     jobs = [(p, o, s, configs[p, s], checkpoints[p, s]) for s in args.seeds for o in args.objectives for p in PIPELINES]
     for beta in args.ablation_betas:
@@ -206,16 +210,18 @@ def main() -> None:
             runs[f"{p}_{o}"][str(s)] = json.loads(path.read_text())
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
         futures = {
-            pool.submit(stage_two, p, o, s, config, checkpoint, args.threads): (p, o, s)
+            pool.submit(stage_two, p, o, s, config, checkpoint, args.threads, str(done_dir / f"{p}_{o}_seed{s}.json")): (p, o, s)
             for p, o, s, config, checkpoint in jobs if str(s) not in runs[f"{p}_{o}"]
         }
         for future in as_completed(futures):
             p, o, s = futures[future]
-            base = "reflectrl" if p.startswith("reflectrl") else p
-            runs[f"{p}_{o}"][str(s)] = {**future.result(), "stage1_wall_s": stage1[base, s]["wall_s"]}
-            (done_dir / f"{p}_{o}_seed{s}.json").write_text(json.dumps(runs[f"{p}_{o}"][str(s)]))
+            runs[f"{p}_{o}"][str(s)] = future.result()
             result = {k: v for k, v in runs[f"{p}_{o}"][str(s)].items() if k != "records"}
             print(f"seed {s} {p}_{o}: {json.dumps(result)}", flush=True)
+    for arm, seeds in runs.items():
+        base = "reflectrl" if arm.startswith("reflectrl") else "gtplus"
+        for seed, run in seeds.items():
+            run["stage1_wall_s"] = stage1[base, int(seed)]["wall_s"]
     runs = {arm: dict(sorted(seeds.items())) for arm, seeds in runs.items()}
     record = {
         "benchmark": "compare_reflectrl",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import lightning as L
@@ -42,6 +44,31 @@ PLOT_FILE = "progress.png"
 """Written next to the TensorBoard logs at the end of ``fit`` (needs matplotlib)."""
 
 
+@dataclass
+class SeedSpread:
+    """A recipe's validation success measured over several seeds, printed beside a run's own figures so
+    that a user can tell a normal draw from a broken run. Fractions in [0, 1], one per seed.
+
+    Args:
+        after_warmup_greedy: greedy validation success after the warm-start, per seed.
+        after_rl_greedy: greedy validation success at the end of the run, per seed.
+        source: where they were measured (the document, the seeds, the thread count).
+    """
+
+    after_warmup_greedy: list[float] = field(default_factory=list)
+    after_rl_greedy: list[float] = field(default_factory=list)
+    source: str = ""
+
+
+def spread_text(values: list[float]) -> str:
+    """``"27.1% ± 3.2 over 3 seeds (24.0-30.5)"``: mean, sample standard deviation and range, in percent."""
+    if not values:
+        return ""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return (f"{100 * statistics.mean(values):.1f}% ± {100 * std:.1f} over {len(values)} seeds "
+            f"({100 * min(values):.1f}-{100 * max(values):.1f})")
+
+
 class PhaseReport(L.Callback):
     """Collects ``val/*`` after every validation, tagged with the phase, and prints a summary.
 
@@ -56,9 +83,14 @@ class PhaseReport(L.Callback):
     written to ``<log_dir>/phase_report.json``; ``<log_dir>/progress.png`` plots validation success
     (greedy and sampled) and ``reward/mean`` over steps (skipped, with a one-line note, without
     matplotlib). The printed summary says where these files are.
+
+    Args:
+        seed_spread: the recipe's greedy success over several seeds (``SeedSpread``), printed beside
+            this run's figures; a recipe that has been measured so (``configs/quickstart.yaml``) sets it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, seed_spread: Optional[SeedSpread] = None) -> None:
+        self.seed_spread = seed_spread
         self.records: list[dict[str, Any]] = []
         self.rollout_sums: dict[str, float] = {}
         self.rollout_steps: dict[str, int] = {}
@@ -165,13 +197,20 @@ class PhaseReport(L.Callback):
         except ImportError:
             plot_path, plot_note = None, "progress plot skipped: matplotlib is not installed (pip install matplotlib)"
         lines = ["[r3lightning] validation success rate (greedy / sampled):"]
-        for label, record in (("after warm-start", summary["after_warmup"]), ("after RL", summary["final"])):
+        spread = self.seed_spread or SeedSpread()
+        for label, record, known in (
+            ("after warm-start", summary["after_warmup"], spread.after_warmup_greedy),
+            ("after RL", summary["final"], spread.after_rl_greedy),
+        ):
             if record is not None:
                 lines.append(
                     f"  {label:<17} step {record['step']:>5}: "
                     f"{100 * record.get('val/success_rate_greedy', float('nan')):5.1f}% / "
                     f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
+                    + (f"   (this recipe, greedy: {spread_text(known)})" if known else "")
                 )
+        if spread.source and (spread.after_warmup_greedy or spread.after_rl_greedy):
+            lines.append(f"  seed spread measured in {spread.source}")
         for name, value in summary["rl_rollout_means"].items():
             if name in ROLLOUT_FIGURES:
                 lines.append(f"  {name} (mean over {self.rollout_steps[name]} RL steps): {100 * value:.1f}%")

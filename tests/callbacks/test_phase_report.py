@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from r3lightning.callbacks.phase_report import PhaseReport
+from r3lightning.callbacks.phase_report import PhaseReport, SeedSpread, spread_text
 
 
 def _trainer(tmp_path, step, metrics):
@@ -101,3 +101,18 @@ def test_without_matplotlib_the_plot_is_skipped_with_one_line(tmp_path, capsys, 
     printed = capsys.readouterr().out
     assert "progress plot skipped: matplotlib is not installed (pip install matplotlib)" in printed
     assert not (tmp_path / "progress.png").exists() and (tmp_path / "phase_report.json").exists()
+
+
+def test_a_recipes_seed_spread_is_printed_beside_the_runs_figures(tmp_path, capsys):
+    """Hand-computed: [0.25, 0.5, 0.75] -> mean 50.0%, sample std 25.0, range 25.0-75.0."""
+    spread = SeedSpread(after_warmup_greedy=[0.1, 0.2], after_rl_greedy=[0.25, 0.5, 0.75], source="docs/results.md")
+    report = PhaseReport(seed_spread=spread)
+    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=10))
+    report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
+    report.on_validation_end(_trainer(tmp_path, 20, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
+    report.on_fit_end(_trainer(tmp_path, 20, {}), module)
+    printed = capsys.readouterr().out
+    assert "25.0% /  12.5%   (this recipe, greedy: 15.0% ± 7.1 over 2 seeds (10.0-20.0))" in printed
+    assert "75.0% /  50.0%   (this recipe, greedy: 50.0% ± 25.0 over 3 seeds (25.0-75.0))" in printed
+    assert "seed spread measured in docs/results.md" in printed
+    assert spread_text([]) == ""

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import queue
 import re
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
 from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
-from r3lightning.envs.safety import CallTimeout, call_with_timeout
+from r3lightning.envs.safety import CallTimeout
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
 from r3lightning.types import GuidedTurn, Trajectory, Turn, message_count
@@ -135,6 +137,54 @@ def render_action(action: str, config: AgentLoopConfig) -> str:
     return action
 
 
+class _EnvCaller:
+    """``call_with_timeout``'s contract (``r3lightning.envs.safety``): the call runs in a daemon thread,
+    its exceptions are re-raised here, and past ``timeout_s`` it is abandoned with ``CallTimeout``; but
+    one long-lived thread serves every call instead of a new thread per call (starting a thread cost
+    ~0.3-1 ms on a busy 2-core machine, two per episode; a hand-off costs ~10 us). A thread whose call
+    timed out is abandoned (it exits once the call returns, if ever); the next call starts a new one.
+    """
+
+    def __init__(self) -> None:
+        self._inbox: Optional[queue.SimpleQueue] = None
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue) -> None:
+        while True:
+            job = inbox.get()
+            if job is None:
+                return
+            fn, args, box, done = job
+            try:
+                box["value"] = fn(*args)
+            except BaseException as err:  # re-raised in the caller's thread
+                box["error"] = err
+            done.set()
+            if box.get("abandoned"):
+                return
+
+    def __call__(self, fn: Callable, *args, timeout_s: Optional[float]):
+        if timeout_s is None:
+            return fn(*args)
+        if self._inbox is None:
+            self._inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(self._inbox,), daemon=True, name="r3l-env-call").start()
+        box: dict = {}
+        done = threading.Event()
+        self._inbox.put((fn, args, box, done))
+        if not done.wait(timeout_s):
+            box["abandoned"] = True
+            self._inbox = None
+            raise CallTimeout(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def __del__(self) -> None:
+        if self._inbox is not None:
+            self._inbox.put(None)
+
+
 class AgentLoop:
     """Plays batches of episodes of ``suite`` with ``engine``.
 
@@ -150,6 +200,10 @@ class AgentLoop:
         self.config = config or AgentLoopConfig()
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
         self.generated_tokens = 0
+        self._call = _EnvCaller()
+        # First prompts rendered during one ``_play`` (a group's episodes share their task's prompt;
+        # rendering the chat template is the costly part of starting an episode).
+        self._first_prompts: dict[str, list[int]] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The engine's completions of ``prompts``; every generation of a rollout (episode turns,
@@ -222,12 +276,16 @@ class AgentLoop:
         return self.run_scripted(requests, responses, allow_unfinished)
 
     def _play(self, requests: list[EpisodeRequest], respond: Callable[[list["_Episode"]], list[Optional[Generation]]]) -> list[Trajectory]:
-        episodes = [self._start(index, request) for index, request in enumerate(requests)]
-        while True:
-            active = [ep for ep in episodes if not ep.done]
-            if not active:
-                break
-            self._play_turn(active, respond)
+        self._first_prompts.clear()
+        try:
+            episodes = [self._start(index, request) for index, request in enumerate(requests)]
+            while True:
+                active = [ep for ep in episodes if not ep.done]
+                if not active:
+                    break
+                self._play_turn(active, respond)
+        finally:
+            self._first_prompts.clear()
         return [self._finish(ep) for ep in episodes]
 
     def _observation_message(self, ep: _Episode, observation: str) -> str:
@@ -241,7 +299,9 @@ class AgentLoop:
 
     def _context_for(self, ep: _Episode, message: str, previous_eos: bool) -> list[int]:
         if not ep.turns:
-            return self.chat.first_prompt(message)
+            if message not in self._first_prompts:
+                self._first_prompts[message] = self.chat.first_prompt(message)
+            return list(self._first_prompts[message])
         return self.chat.next_user_turn(message, previous_eos)
 
     def _queue_observation(self, ep: _Episode, observation: str) -> None:
@@ -281,7 +341,7 @@ class AgentLoop:
         """The first observation, or None when ``reset`` failed or hung (the episode then ends as an
         environment error with no turn, like a failed step). Malformed results are refused."""
         try:
-            observation = call_with_timeout(ep.env.reset, ep.request.task, timeout_s=self.config.step_timeout_s)
+            observation = self._call(ep.env.reset, ep.request.task, timeout_s=self.config.step_timeout_s)
         except (CallTimeout, Exception) as err:
             self._env_failed(ep, err)
             return None
@@ -295,7 +355,7 @@ class AgentLoop:
     def _step(self, ep: _Episode, action: str) -> Optional[StepResult]:
         """Every environment step, live or replayed, goes through here, so rejected actions are counted once."""
         try:
-            result = call_with_timeout(ep.env.step, action, timeout_s=self.config.step_timeout_s)
+            result = self._call(ep.env.step, action, timeout_s=self.config.step_timeout_s)
         except (CallTimeout, Exception) as err:
             self._env_failed(ep, err)
             return None

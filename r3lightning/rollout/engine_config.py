@@ -41,6 +41,13 @@ class EngineConfig:
             prefills only its new tokens; dropped whenever the weights change.
         hf_max_cached_tokens: hf: most tokens the prefix cache holds (memory: tokens x layers x 2 x
             kv_heads x head_dim x dtype size).
+        hf_compile: hf: decode with transformers' static KV cache and ``torch.compile`` of the decoding
+            step, shapes bucketed (batch and cache length to powers of two) so a run compiles a handful
+            of times. ``auto``: on where it is faster, i.e. on CUDA (with CUDA graphs); off on CPU, where
+            compilation costs about a minute and did not make decoding faster (docs/engines.md has the
+            figures). ``on`` / ``off`` force it.
+        hf_compile_mode: hf: ``torch.compile`` mode of the decoding step; null: ``reduce-overhead``
+            (CUDA graphs) on CUDA, ``default`` on CPU.
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -56,17 +63,24 @@ class EngineConfig:
     sleep_mode: bool = False
     hf_prefix_cache: bool = True
     hf_max_cached_tokens: int = 65536
+    hf_compile: Literal["auto", "on", "off"] = "auto"
+    hf_compile_mode: Optional[str] = None
 
 
 def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> RolloutEngine:
     """The engine ``config`` names, generating with ``policy``'s weights."""
     if config.backend == "hf":
+        if config.hf_compile not in ("auto", "on", "off"):
+            raise ValueError(f"engine.hf_compile must be auto, on or off, got {config.hf_compile!r}")
+        on_cuda = next(policy.parameters()).device.type == "cuda" or torch.cuda.is_available()
         return HFEngine(
             policy,
             tokenizer,
             max_batch_size=config.max_batch_size,
             prefix_cache=config.hf_prefix_cache,
             max_cached_tokens=config.hf_max_cached_tokens,
+            compile=config.hf_compile == "on" or (config.hf_compile == "auto" and on_cuda),
+            compile_mode=config.hf_compile_mode,
         )
     if config.backend == "vllm":
         from r3lightning.rollout.vllm_engine import VLLMEngine

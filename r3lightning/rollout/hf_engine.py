@@ -4,12 +4,14 @@ tokens."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
 from typing import Optional
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.generation.configuration_utils import CompileConfig
 
 from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
 
@@ -100,6 +102,17 @@ class HFEngine:
             any parameter changes (an optimizer step, a checkpoint load), detected from the tensors'
             in-place version counters, so reuse never mixes weights.
         max_cached_tokens: most tokens the prefix cache holds, over all sequences.
+        compile: decode with transformers' ``StaticCache`` and ``torch.compile`` of the decoding step
+            (``generate``'s own compiled path; the prefill stays eager). Shapes are bucketed so a run
+            compiles a handful of times: the batch is padded to a power of two (at most
+            ``max_batch_size``) with copies of its last prompt, whose completions are dropped, and the
+            cache length (prompt + new tokens) is rounded up to a power of two (at least 64). Static
+            caches are kept per bucket and reset before each use (CUDA graphs need fixed addresses).
+        compile_mode: ``torch.compile`` mode of the decoding step (``reduce-overhead``: CUDA graphs,
+            ``default``, ``max-autotune-no-cudagraphs``...); None: ``reduce-overhead`` on CUDA,
+            ``default`` elsewhere.
+        compile_backend: ``torch.compile`` backend (``inductor``; tests use ``eager``, which traces the
+            same graphs in seconds without generating code).
     """
 
     def __init__(
@@ -109,6 +122,9 @@ class HFEngine:
         max_batch_size: int = 64,
         prefix_cache: bool = True,
         max_cached_tokens: int = 65536,
+        compile: bool = False,
+        compile_mode: Optional[str] = None,
+        compile_backend: str = "inductor",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -118,6 +134,12 @@ class HFEngine:
         self.prefix_cache = PrefixKVCache(max_cached_tokens) if prefix_cache else None
         self._cached_under: Optional[int] = None
         self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0}
+        self.compile = compile
+        self.compile_mode = compile_mode
+        self.compile_backend = compile_backend
+        self._static_caches: dict[tuple[int, int], StaticCache] = {}
+        # Per (batch, cache length) bucket: seconds of its first generate call (compilation included).
+        self.first_call_s: dict[tuple[int, int], float] = {}
 
     def cache_hit_rate(self) -> float:
         """Share of all prompt tokens so far whose KV came from the prefix cache."""
@@ -125,11 +147,43 @@ class HFEngine:
 
     def metrics(self) -> dict[str, float]:
         """Figures the module logs each step: the cache hit rate so far, and how often the model's
-        cache type forced the prefix cache off (a fallback to full prefill)."""
-        return {
+        cache type forced the prefix cache off (a fallback to full prefill); with ``compile``, the
+        shape buckets compiled so far and the seconds their first calls took."""
+        figures = {
             "perf/prefix_cache_hit_rate": self.cache_hit_rate(),
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
         }
+        if self.compile:
+            figures["perf/hf_compiled_buckets"] = float(len(self.first_call_s))
+            figures["perf/hf_compile_first_call_s"] = float(sum(self.first_call_s.values()))
+        return figures
+
+    def compile_stats(self) -> dict:
+        """The compiled path's buckets, their first calls' seconds (compilation included) and
+        dynamo's count of distinct graphs."""
+        if not self.compile:
+            return {"compile": False}
+        from torch._dynamo.utils import counters
+
+        return {
+            "compile": True,
+            "mode": self._mode(),
+            "buckets": [list(b) for b in self.first_call_s],
+            "first_call_s": {f"{b}x{n}": round(t, 3) for (b, n), t in self.first_call_s.items()},
+            "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        }
+
+    def _mode(self) -> str:
+        if self.compile_mode:
+            return self.compile_mode
+        return "reduce-overhead" if next(self.model.parameters()).device.type == "cuda" else "default"
+
+    def _batch_bucket(self, n: int) -> int:
+        return min(1 << max(n - 1, 0).bit_length(), max(self.max_batch_size, n))
+
+    @staticmethod
+    def _length_bucket(n: int) -> int:
+        return max(64, 1 << max(n - 1, 0).bit_length())
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -153,12 +207,31 @@ class HFEngine:
             return []
         device = next(self.model.parameters()).device
         cached = [self.prefix_cache.longest_prefix(p) for p in prompts] if self.prefix_cache else [(0, None)] * len(prompts)
-        input_ids, attention_mask, past = self._batch_inputs(prompts, cached, device)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["reused_prompt_tokens"] += sum(n for n, _ in cached)
-        width = input_ids.shape[1]
+        rows = len(prompts)
         was_training = self.model.training
         self.model.eval()
+        try:
+            cached = self._share_repeated_prompts(prompts, cached, device)
+        finally:
+            self.model.train(was_training)
+        batch_prompts, batch_cached, bucket = prompts, cached, None
+        if self.compile:
+            padded = self._batch_bucket(rows)
+            batch_prompts = prompts + [prompts[-1]] * (padded - rows)  # dropped after generation
+            batch_cached = cached + [cached[-1]] * (padded - rows)
+        input_ids, attention_mask, past = self._batch_inputs(batch_prompts, batch_cached, device)
+        width = input_ids.shape[1]
+        compile_kwargs = {}
+        if self.compile:
+            bucket = (len(batch_prompts), self._length_bucket(width + params.max_new_tokens))
+            past = self._static_cache(bucket, past)
+            config = CompileConfig(fullgraph=False, dynamic=False, backend=self.compile_backend, mode=self._mode())
+            config._compile_all_devices = True  # transformers compiles on CUDA only unless this is set
+            compile_kwargs = dict(compile_config=config, disable_compile=False)
+        self.model.eval()
+        start = time.perf_counter()
         try:
             out = self.model.generate(
                 input_ids=input_ids,
@@ -175,11 +248,14 @@ class HFEngine:
                 tokenizer=self.tokenizer if params.stop else None,
                 return_dict_in_generate=True,
                 output_logits=True,
+                **compile_kwargs,
             )
         finally:
             self.model.train(was_training)
-        new_tokens = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()
+        if bucket is not None and bucket not in self.first_call_s:
+            self.first_call_s[bucket] = time.perf_counter() - start
+        new_tokens = out.sequences[:rows, width:].cpu()
+        logits = torch.stack(out.logits, dim=1)[:rows].float().cpu()
         scale = params.temperature if not params.greedy else 1.0
         logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         budget_hit = new_tokens.shape[1] >= params.max_new_tokens
@@ -195,8 +271,69 @@ class HFEngine:
             for row in range(len(prompts))
         ]
         if self.prefix_cache is not None:
-            self._store(prompts, generations, attention_mask, out.past_key_values)
+            self._store(prompts, generations, attention_mask[:rows], out.past_key_values)
         return generations
+
+    def _static_cache(self, bucket: tuple[int, int], prefix: Optional[DynamicCache]) -> StaticCache:
+        """This bucket's static cache, reset, holding ``prefix`` (the batch's cached prefixes, if any)
+        in its first columns."""
+        batch, length = bucket
+        cache = self._static_caches.get(bucket)
+        if cache is None:
+            cache = self._static_caches[bucket] = StaticCache(config=self.model.config, max_cache_len=length)
+            if not all(type(layer) is StaticLayer for layer in cache.layers):
+                # Sliding-window layers keep a ring buffer: no per-row prefix re-padding.
+                self.prefix_cache = None
+        else:
+            cache.reset()
+        if prefix is not None:
+            for layer, (keys, values) in zip(cache.layers, ((lay.keys, lay.values) for lay in prefix.layers)):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(keys, values)
+                columns = keys.shape[2]
+                layer.keys[:, :, :columns].copy_(keys)
+                layer.values[:, :, :columns].copy_(values)
+                layer.cumulative_length.fill_(columns)
+        return cache
+
+    def _share_repeated_prompts(
+        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device
+    ) -> list[tuple[int, Optional[LayerKV]]]:
+        """Encode a prompt that several rows share (a GRPO group's samples) once, not once per row.
+
+        For every prompt that occurs more than once in the batch, its tokens but the last are run through
+        the model once (continuing from its prefix-cache hit, if any), and every row with that prompt
+        takes this KV as its cached prefix; ``generate`` then prefills only the last token of each row,
+        as for a prefix-cache hit (same numerics: tests/rollout/test_hf_engine.py).
+        """
+        rows_of: dict[tuple[int, ...], list[int]] = {}
+        for row, prompt in enumerate(prompts):
+            rows_of.setdefault(tuple(prompt), []).append(row)
+        shared = [rows for rows in rows_of.values() if len(rows) > 1 and cached[rows[0]][0] < len(prompts[rows[0]]) - 1]
+        if not shared:
+            return cached
+        heads = [prompts[rows[0]][:-1] for rows in shared]
+        input_ids, attention_mask, past = self._batch_inputs(heads, [cached[rows[0]] for rows in shared], device)
+        start = past.get_seq_length() if past is not None else 0
+        position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)[:, start:]
+        out = self.model(
+            input_ids=input_ids[:, start:],
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past if past is not None else DynamicCache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        layers = out.past_key_values.layers
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            return cached  # sliding-window or linear-attention layers: no re-padding per row
+        cached = list(cached)
+        for index, rows in enumerate(shared):
+            columns = attention_mask[index].nonzero().squeeze(1)
+            kv = [(layer.keys[index][:, columns], layer.values[index][:, columns]) for layer in layers]
+            for row in rows:
+                cached[row] = (len(heads[index]), kv)
+        return cached
 
     def _batch_inputs(
         self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device
@@ -238,7 +375,7 @@ class HFEngine:
         self, prompts: list[list[int]], generations: list[Generation], attention_mask: torch.Tensor, cache
     ) -> None:
         """Keep each row's KV for prompt + completion minus its last token (never fed to the model)."""
-        if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        if not all(type(layer) in (DynamicLayer, StaticLayer) for layer in cache.layers):
             # Sliding-window or linear-attention caches cannot be cut and re-padded per row.
             self.stats["prefix_cache_unsupported"] += 1
             self.prefix_cache = None

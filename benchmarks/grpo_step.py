@@ -1,0 +1,456 @@
+"""One GRPO training step, split into its parts, for r3lightning's ``hf`` and ``vllm`` engines and TRL.
+
+    nice -n -5 python benchmarks/grpo_step.py --out benchmarks/results/grpo_step_cpu.json
+    python benchmarks/grpo_step.py --repo /tmp/r3l-before --label before ...   # an older checkout
+
+The setup (the same for all three): a random-init Qwen2 built in memory (hidden 256, 4 layers, 8 query
+heads, 2 key/value heads, MLP 688, the in-memory BPE tokenizer's vocabulary), float32 on CPU; 8 prompts
+("What is a + b?" / "What is a - b?", answers 0-9, no system prompt, the tokenizer's chat template)
+x 8 samples, up to 32 new tokens at temperature 1, one micro-batch of 64, GRPO advantages with the
+PPO-clip loss (token mean, eps 0.2), no KL, AdamW lr 1e-6 (one optimizer step per rollout). Reward 1
+when the first integer of the completion is the answer.
+
+Each variant runs in its own process (``--worker``): ``hf`` and ``vllm`` train an
+``R3LightningModule`` with a Lightning ``Trainer`` (no logger, no checkpoints, no progress bar);
+``trl`` runs TRL's ``GRPOTrainer`` (``report_to="none"``, ``logging_steps=1``) in its own virtual
+environment (``benchmarks/.venv-trl``, created on first use with ``pip install torch==2.13.0 trl``;
+skipped with a message when that fails). The model and tokenizer are written once to a temporary
+directory that every worker loads, so all three train the very same weights. Each worker plays
+``--warmup`` steps, then times ``--steps`` steps; the per-step figure of a worker is the median of its
+steps. Variants are interleaved (hf, vllm, trl, hf, vllm, trl, ...) ``--repeats`` times and the median
+over repeats is reported, with every repeat's figure.
+
+Step time is the interval between consecutive step starts (Lightning's ``on_train_batch_start``,
+TRL's ``on_step_begin``), so it includes logging, callbacks and the data loader. Its parts:
+
+- ``rollout``: the engine's generation (r3lightning: ``RolloutDataModule.rollout`` minus ``reward``;
+  TRL: ``_generate`` / the generation inside ``_generate_and_score_completions``);
+- ``reward``: the reward function (r3lightning: ``Environment.step`` calls; TRL: the reward function);
+- ``experience``: advantages, masks, collation (r3lightning: ``make_experience``; TRL: the rest of
+  ``_generate_and_score_completions``: tokenization, padding, advantages, metrics);
+- ``train``: forward, backward and optimizer step (r3lightning: ``R3LightningModule.optimize``; TRL:
+  the step minus ``_generate_and_score_completions`` and ``other``... see ``trl_worker``);
+- ``sync``: vLLM weight sync (``VLLMWeightSync.sync``), 0 for the others;
+- ``other``: the step minus all of the above (logging, callbacks, Lightning's loop, the data loader).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TRL_VENV = HERE / ".venv-trl"
+SHAPE = dict(hidden_size=256, num_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=688)
+GROUP, TASKS, NEW_TOKENS, TEMPERATURE, LR, CLIP = 8, 8, 32, 1.0, 1e-6, 0.2
+PARTS = ("rollout", "reward", "experience", "train", "sync", "other")
+
+
+# ---- the task: "What is a + b?" / "What is a - b?" with answers 0-9 -------------------------------------
+def problems() -> list[tuple[str, str]]:
+    """(question, answer) for every a + b and a - b (a, b in 0..9) whose answer is a digit."""
+    out = []
+    for a in range(10):
+        for b in range(10):
+            if a + b <= 9:
+                out.append((f"What is {a} + {b}?", str(a + b)))
+            if a - b >= 0:
+                out.append((f"What is {a} - {b}?", str(a - b)))
+    return out
+
+
+def reward_of(text: str, answer: str) -> float:
+    match = re.search(r"-?\d+", text)
+    return float(match is not None and match.group() == answer)
+
+
+def task_order(n: int) -> list[int]:
+    """A fixed shuffle of the problems (the same stream for every variant)."""
+    import random
+
+    order = list(range(len(problems())))
+    random.Random(0).shuffle(order)
+    return [order[i % len(order)] for i in range(n)]
+
+
+# ---- the model, written once for every worker -----------------------------------------------------------
+def write_model(directory: Path) -> dict:
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer
+
+    # Sums and differences up to 999 give the BPE trainer enough merges to reach 860 tokens.
+    corpus = [q for q, _ in problems()] + [
+        f"What is {a} {op} {b}? {a} {op} {b} = {a + b if op == '+' else a - b}. The answer is {a + b if op == '+' else a - b}."
+        for op in "+-" for a in range(1000) for b in range(0, 1000, 37)
+    ]
+    tokenizer = build_tokenizer(corpus, vocab_size=860)
+    spec = TinyModelSpec(**SHAPE, vocab_size=len(tokenizer))
+    model = build_tiny_model(spec, tokenizer, seed=0)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer), **SHAPE,
+            "dtype": str(torch.float32).replace("torch.", "")}
+
+
+# ---- r3lightning workers ---------------------------------------------------------------------------------
+def r3l_worker(args) -> dict:
+    repo = Path(args.repo).resolve()
+    sys.path.insert(0, str(repo))
+    import r3lightning
+
+    r3lightning.__path__.append(str(repo))  # r3lightning.callbacks -> repo/callbacks (the installed layout)
+    import lightning as L
+    import torch
+
+    import r3lightning.module as module_lib
+    from r3lightning.algos.objective import AlgorithmConfig
+    from r3lightning.data.datamodule import RolloutDataModule
+    from r3lightning.envs.base import StepResult, Task, TaskSuite
+    from r3lightning.models import ModelConfig
+    from r3lightning.module import R3LightningModule
+    from r3lightning.optim import OptimConfig, PhaseConfig
+    from r3lightning.rollout.agent_loop import AgentLoopConfig
+    from r3lightning.rollout.engine import SamplingParams
+    from r3lightning.rollout.engine_config import EngineConfig
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    timings: dict[str, float] = {p: 0.0 for p in PARTS}
+    items, order = problems(), task_order(100_000)
+
+    class Env:
+        def reset(self, task):
+            self.task = task
+            return task.prompt
+
+        def step(self, action):
+            start = time.perf_counter()
+            reward = reward_of(action, self.task.answer)
+            result = StepResult("", reward, True, {"feedback": "", "success": reward == 1.0})
+            timings["reward"] += time.perf_counter() - start
+            return result
+
+    class AddSubSuite(TaskSuite):
+        system_prompt, max_turns = "", 1
+
+        def make_env(self):
+            return Env()
+
+        def train_task(self, index):
+            q, a = items[order[index]]
+            return Task(f"addsub#{order[index]}", q, answer=a)
+
+        def val_tasks(self):
+            return [self.train_task(0)]
+
+        def demonstration(self, task):
+            return [task.answer]
+
+    engine_kwargs = dict(backend=args.worker, max_batch_size=64)
+    if args.worker == "vllm":
+        engine_kwargs.update(model_path=args.model_dir, dtype="float32", max_model_len=256)
+    if args.engine_options:
+        engine_kwargs.update(json.loads(args.engine_options))
+    data = RolloutDataModule(
+        AddSubSuite(), group_size=GROUP, tasks_per_step=TASKS,
+        sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=NEW_TOKENS),
+        agent=AgentLoopConfig(action_format="raw", max_context_tokens=256), seed=0,
+    )
+    module = R3LightningModule(
+        model=ModelConfig(name_or_path=args.model_dir),
+        algorithm=AlgorithmConfig(advantage="grpo", policy_loss="ppo_clip", aggregation="token_mean",
+                                  clip_eps_low=CLIP, clip_eps_high=CLIP, kl_coef=0.0),
+        optim=OptimConfig(lr=LR, micro_batch_size=64, warmup_steps=0, grad_clip=1.0),
+        phases=PhaseConfig(sft_warmup_steps=0),
+        engine=EngineConfig(**engine_kwargs),
+    )
+    callbacks = []
+    if args.worker == "vllm":
+        from r3lightning.callbacks import VLLMWeightSync
+
+        sync = VLLMWeightSync(check_every_n=0)
+        original_sync = sync.sync
+
+        def timed_sync(*a, **k):
+            start = time.perf_counter()
+            try:
+                return original_sync(*a, **k)
+            finally:
+                timings["sync"] += time.perf_counter() - start
+
+        sync.sync = timed_sync
+        callbacks.append(sync)
+
+    def timed(fn, part):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                timings[part] += time.perf_counter() - start
+
+        return wrapper
+
+    data.rollout = timed(data.rollout, "rollout")
+    module.optimize = timed(module.optimize, "train")
+    module_lib.make_experience = timed(module_lib.make_experience, "experience")
+    steps: list[dict] = []
+    marks: list[tuple[float, dict]] = []
+
+    class Clock(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            marks.append((time.perf_counter(), dict(timings)))
+
+    total = args.warmup + args.steps + 1
+    trainer = L.Trainer(max_steps=total, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        callbacks=[*callbacks, Clock()], accelerator="cpu", devices=1)
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=data)
+    wall = time.perf_counter() - start
+    for (t0, before), (t1, after) in zip(marks[args.warmup:], marks[args.warmup + 1:]):
+        step = {"step": t1 - t0}
+        for part in PARTS:
+            if part != "other":
+                step[part] = after[part] - before[part]
+        step["rollout"] -= step["reward"]  # env steps happen inside the rollout
+        step["other"] = step["step"] - sum(step[p] for p in PARTS if p != "other")
+        steps.append(step)
+    engine = module.engine
+    extra = {"fit_wall_s": wall}
+    if hasattr(engine, "compile_stats"):
+        extra["compile"] = engine.compile_stats()
+    return {"steps": steps, **extra}
+
+
+# ---- TRL --------------------------------------------------------------------------------------------
+def trl_worker(args) -> dict:
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    timings: dict[str, float] = {p: 0.0 for p in PARTS}
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    items, order = problems(), task_order(TASKS * (args.warmup + args.steps + 2))
+    rows = [{"prompt": [{"role": "user", "content": items[i][0]}], "answer": items[i][1]} for i in order]
+    dataset = Dataset.from_list(rows)
+
+    def correct(completions, answer, **kwargs):
+        start = time.perf_counter()
+        out = [reward_of(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
+        timings["reward"] += time.perf_counter() - start
+        return out
+
+    total = args.warmup + args.steps + 1
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-grpo-"), report_to="none", logging_steps=1, save_strategy="no",
+        use_cpu=True, bf16=False, fp16=False, max_steps=total, per_device_train_batch_size=TASKS * GROUP,
+        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=NEW_TOKENS,
+        temperature=TEMPERATURE, top_p=1.0, top_k=0, beta=0.0, epsilon=CLIP, learning_rate=LR, lr_scheduler_type="constant",
+        warmup_steps=0, max_grad_norm=1.0, num_iterations=1, loss_type="dapo", shuffle_dataset=False,
+        dataloader_num_workers=0, seed=0, disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=dataset, processing_class=tokenizer)
+
+    def timed(obj, name, part):
+        fn = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                timings[part] += time.perf_counter() - start
+
+        setattr(obj, name, wrapper)
+
+    gen_name = "_generate" if hasattr(trainer, "_generate") else "_generate_single_turn"
+    timed(trainer, gen_name, "rollout")
+    timed(trainer, "_generate_and_score_completions", "experience")  # minus rollout and reward, below
+    timed(trainer, "training_step", "train")  # minus the generation it triggers, below
+    marks: list[tuple[float, dict]] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            marks.append((time.perf_counter(), dict(timings)))
+
+    trainer.add_callback(Clock())
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    steps = []
+    for (t0, before), (t1, after) in zip(marks[args.warmup:], marks[args.warmup + 1:]):
+        d = {part: after[part] - before[part] for part in PARTS}
+        step = {"step": t1 - t0, "rollout": d["rollout"], "reward": d["reward"], "sync": 0.0}
+        step["experience"] = d["experience"] - d["rollout"] - d["reward"]
+        step["train"] = d["train"] - d["experience"]  # training_step: generate-and-score + forward + backward
+        step["other"] = step["step"] - sum(step[p] for p in PARTS if p != "other")  # optimizer step, logging...
+        steps.append(step)
+    return {"steps": steps, "fit_wall_s": wall, "trl": trl.__version__, "transformers": transformers.__version__,
+            "torch": torch.__version__, "generate_method": gen_name}
+
+
+# ---- the driver --------------------------------------------------------------------------------------------
+def ensure_trl_venv() -> tuple[str | None, str]:
+    python = TRL_VENV / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode == 0:
+        return str(python), "existing"
+    try:
+        subprocess.run([sys.executable.replace(".venv/bin/python", ".venv/bin/python"), "-m", "venv", str(TRL_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "trl"], check=True, timeout=1800)
+        return str(python), "created"
+    except Exception as err:  # noqa: BLE001
+        return None, f"TRL could not be installed in {TRL_VENV}: {err!r}"
+
+
+def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "") -> dict:
+    command = [python, str(Path(__file__).resolve()), "--worker", variant, "--model-dir", model_dir,
+               "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    if engine_options:
+        command += ["--engine-options", engine_options]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        tail = (proc.stderr or proc.stdout)[-3000:]
+        return {"error": f"{variant} worker failed (rc {proc.returncode}): {tail}"}
+    return json.loads(line[len("RESULT "):])
+
+
+def summarize(result: dict) -> dict:
+    steps = result["steps"]
+    return {part: statistics.median(s[part] for s in steps) for part in ("step", *PARTS)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="JSON to write (merged with an existing one: other labels are kept)")
+    parser.add_argument("--label", default="after", help="name of this measurement in the JSON (e.g. before, after)")
+    parser.add_argument("--repo", default=str(ROOT), help="r3lightning checkout to measure")
+    parser.add_argument("--before-repo", default=None,
+                        help="an older checkout (e.g. a git worktree of the starting commit): its hf and vllm runs "
+                             "are interleaved with the others as hf_before / vllm_before")
+    parser.add_argument("--variants", nargs="+", default=["hf", "vllm", "trl"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per worker")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per worker")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in every worker")
+    parser.add_argument("--engine-options", default="", help="JSON of extra EngineConfig fields for hf/vllm")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        result = trl_worker(args) if args.worker == "trl" else r3l_worker(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    sys.path.insert(0, str(HERE))
+    from machine_info import machine_info
+
+    errors: list[str] = []
+    pythons = {"hf": sys.executable, "vllm": sys.executable}
+    trl_python = None
+    if "trl" in args.variants:
+        trl_python, how = ensure_trl_venv()
+        if trl_python is None:
+            errors.append(how)
+            print(how, flush=True)
+        pythons["trl"] = trl_python
+    if "vllm" in args.variants:
+        probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            errors.append(f"vllm cannot be imported here, vllm skipped: {probe.stderr.strip()[-300:]}")
+            print(errors[-1], flush=True)
+            pythons["vllm"] = None
+    variants = [v for v in args.variants if pythons.get(v)]
+    repos = {v: args.repo for v in variants}
+    if args.before_repo:
+        for v in [v for v in variants if v != "trl"]:
+            repos[f"{v}_before"], pythons[f"{v}_before"] = args.before_repo, pythons[v]
+        variants = [x for v in variants for x in ((v, f"{v}_before") if v != "trl" else (v,))]
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="grpo-step-model-") as model_dir:
+        model_info = write_model(Path(model_dir))
+        for repeat in range(args.repeats):
+            for variant in variants:
+                options = "" if variant.endswith("_before") else args.engine_options
+                result = run_worker(pythons[variant], variant.removesuffix("_before"), args, model_dir, repos[variant], options)
+                if "error" in result:
+                    errors.append(f"repeat {repeat}: {result['error']}")
+                    print(errors[-1], flush=True)
+                    continue
+                result["median"] = summarize(result)
+                runs[variant].append(result)
+                print(f"repeat {repeat} {variant:5s}: " + " ".join(f"{k} {v:.3f}" for k, v in result["median"].items()), flush=True)
+    figures: dict[str, float] = {}
+    for variant, results in runs.items():
+        if not results:
+            continue
+        for part in ("step", *PARTS):
+            values = [r["median"][part] for r in results]
+            figures[f"{variant}_{part}_s"] = round(statistics.median(values), 4)
+            figures[f"{variant}_{part}_s_repeats"] = [round(v, 4) for v in values]
+    for variant in runs:
+        before = f"{variant}_before"
+        if runs.get(before) and runs[variant]:
+            ratios = [r["median"]["step"] / b["median"]["step"] for r, b in zip(runs[variant], runs[before])]
+            figures[f"{variant}_over_{before}_step"] = round(figures[f"{variant}_step_s"] / figures[f"{before}_step_s"], 3)
+            figures[f"{variant}_over_{before}_step_repeats"] = [round(x, 3) for x in ratios]
+        if "trl_step_s" in figures and f"{variant}_step_s" in figures and variant != "trl":
+            ratios = [r["median"]["step"] / t["median"]["step"] for r, t in zip(runs[variant], runs["trl"])]
+            figures[f"{variant}_over_trl_step"] = round(figures[f"{variant}_step_s"] / figures["trl_step_s"], 3)
+            figures[f"{variant}_over_trl_step_repeats"] = [round(x, 3) for x in ratios]
+    extras = {v: [{k: r[k] for k in r if k not in ("steps", "median")} for r in results] for v, results in runs.items()}
+    measurement = {
+        "figures": figures,
+        "per_step": {v: [r["steps"] for r in results] for v, results in runs.items()},
+        "workers": extras,
+        "repo": args.repo,
+        "before_repo": args.before_repo,
+        "engine_options": args.engine_options,
+        "errors": errors,
+        "machine": machine_info(),
+    }
+    print(json.dumps(figures, indent=1))
+    if args.out:
+        out = Path(args.out)
+        document = json.loads(out.read_text()) if out.exists() else {}
+        document["benchmark"] = "grpo_step"
+        document.setdefault("figures", {})[args.label] = figures
+        document["config"] = {
+            "model": model_info, "prompts": TASKS, "samples_per_prompt": GROUP, "max_new_tokens": NEW_TOKENS,
+            "temperature": TEMPERATURE, "micro_batch_size": TASKS * GROUP, "lr": LR, "clip_eps": CLIP, "kl": 0.0,
+            "loss": "PPO-clip, token mean (TRL loss_type='dapo')", "threads": args.threads, "repeats": args.repeats,
+            "steps_per_worker": args.steps, "warmup_steps_per_worker": args.warmup,
+            "statistic": "per worker: median over its timed steps; reported: median over interleaved repeats",
+            "parts": list(PARTS),
+        }
+        document.setdefault("measurements", {})[args.label] = measurement
+        document["machine"] = measurement["machine"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(document, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

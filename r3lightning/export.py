@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 from typing import Any, Literal, Optional
 
 import torch
 
+from r3lightning.checkpoints import read_checkpoint
 from r3lightning.models import (
     ModelConfig,
     TinyModelSpec,
@@ -42,26 +42,10 @@ def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
     """The checkpoint at ``ckpt_path``, loaded on CPU with torch's safe (``weights_only``) unpickler.
 
     Memory-mapped, so the optimizer states it also holds are never read into memory.
-    Raises ValueError naming the file when it is missing or not an r3lightning checkpoint.
+    Raises ValueError naming the file and what is wrong (``r3lightning.checkpoints.read_checkpoint``:
+    missing, empty, truncated, damaged, not an r3lightning checkpoint; here also no ModelConfig).
     """
-    # Importing the module registers its config dataclasses (the hyper-parameters) with the safe loader.
-    import r3lightning.module  # noqa: F401
-
-    if os.path.isdir(ckpt_path):
-        raise ValueError(
-            f"checkpoint {ckpt_path!r} is a directory (a sharded FSDP checkpoint?); consolidate it into one "
-            "file first (python -m lightning.pytorch.utilities.consolidate_checkpoint)"
-        )
-    if not os.path.isfile(ckpt_path):
-        raise ValueError(f"checkpoint {ckpt_path!r}: no such file")
-    try:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"checkpoint {ckpt_path!r} holds objects the safe loader refuses: {err}") from err
-    except (RuntimeError, EOFError, OSError) as err:
-        raise ValueError(f"checkpoint {ckpt_path!r} is not a PyTorch checkpoint ({err})") from err
-    if not isinstance(checkpoint, dict) or "r3lightning" not in checkpoint or "state_dict" not in checkpoint:
-        raise ValueError(f"checkpoint {ckpt_path!r} was not written by r3lightning (no 'r3lightning' section)")
+    checkpoint = read_checkpoint(ckpt_path)
     model_config = checkpoint.get("hyper_parameters", {}).get("model")
     if isinstance(model_config, dict):
         # ``r3l fit`` (LightningCLI) saves the init arguments as plain dicts.
@@ -213,6 +197,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     try:
         out = export_checkpoint(args.ckpt_path, args.out, lora=args.lora)
-    except ValueError as err:
-        parser.exit(2, f"r3l export: error: {err}\n")
+    except (ValueError, OSError) as err:
+        # A bad file or setting is bad input (status 1, as for ``r3l fit``); argparse's usage errors exit 2.
+        if os.environ.get("R3L_TRACEBACK", "0") not in ("", "0"):
+            raise
+        parser.exit(1, f"r3l export: error: {' '.join(str(err).split())}\n")
     print(f"r3l export: wrote {out}")

@@ -152,20 +152,76 @@ def build_tiny_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, se
     return model
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+"""A Hugging Face model directory holds one of these (one file, or the index of a sharded set)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""... and one of these (a fast tokenizer, a sentencepiece model, a BPE vocabulary)."""
+
+
+def check_model_directory(path: str) -> None:
+    """Check a local model directory where it enters, before transformers reads it: a file missing or
+    unreadable ends in one ValueError naming the directory or file, not in a library's message about
+    something else (an empty directory would otherwise say "You need to have sentencepiece or tiktoken
+    installed"). Checks: not empty; ``config.json`` present and valid JSON; weights present and every
+    ``*.safetensors`` header readable and covering the file (catches a truncated copy); a tokenizer file
+    present and ``tokenizer.json`` parseable by ``tokenizers``."""
+    where = f"model.name_or_path: {path!r}"
+    names = sorted(os.listdir(path))
+    if not names:
+        raise ValueError(f"{where} is an empty directory (a model directory holds config.json, weights and a tokenizer)")
+    if "config.json" not in names:
+        raise ValueError(f"{where} is not a Hugging Face model directory: no config.json (it holds {', '.join(names[:8])})")
+    config_file = os.path.join(path, "config.json")
+    try:
+        with open(config_file, encoding="utf-8") as handle:
+            json.load(handle)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"model.name_or_path: {config_file!r} is not valid JSON ({err})") from err
+    if not any(name in names for name in WEIGHT_FILES):
+        raise ValueError(f"{where} has no weights (none of {', '.join(WEIGHT_FILES)})")
+    from safetensors import safe_open
+
+    for name in names:
+        if name.endswith(".safetensors"):
+            file = os.path.join(path, name)
+            try:
+                with safe_open(file, "pt"):
+                    pass
+            except Exception as err:  # safetensors raises its own SafetensorError (an Exception)
+                raise ValueError(f"model.name_or_path: {file!r} is not a readable safetensors file (truncated or damaged: {err})") from err
+    if not any(name in names for name in TOKENIZER_FILES):
+        raise ValueError(f"{where} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    if "tokenizer.json" in names:
+        from tokenizers import Tokenizer
+
+        file = os.path.join(path, "tokenizer.json")
+        try:
+            Tokenizer.from_file(file)
+        except Exception as err:  # tokenizers raises a bare Exception for a malformed file
+            raise ValueError(f"model.name_or_path: {file!r} cannot be read as a tokenizer ({' '.join(str(err).split())})") from err
+
+
 def load_pretrained(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load a Hugging Face causal LM and its tokenizer by id or path, with a clear error when missing."""
+    """Load a Hugging Face causal LM and its tokenizer by id or path, with one clear error naming the
+    directory or file when it is missing, incomplete or unreadable (``check_model_directory``), or when
+    a hub id cannot be fetched (offline)."""
     path = config.name_or_path
     looks_local = path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+    local = os.path.expanduser(path)
+    if looks_local and not os.path.isdir(local):
         raise FileNotFoundError(f"model.name_or_path: no model directory at {path!r}")
+    if os.path.isdir(local):
+        check_model_directory(local)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
     except OSError as err:
         raise FileNotFoundError(
-            f"model.name_or_path: cannot load {path!r} ({err}). Give a local directory, or a hub id "
+            f"model.name_or_path: cannot load {path!r} ({' '.join(str(err).split())}). Give a local directory, or a hub id "
             "with network access and HF_HUB_OFFLINE unset."
         ) from err
+    except Exception as err:  # a file transformers, safetensors or tokenizers cannot read
+        raise ValueError(f"model.name_or_path: cannot load {path!r} ({type(err).__name__}: {' '.join(str(err).split())})") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:

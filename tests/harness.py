@@ -54,6 +54,29 @@ QUIET = dict(
     num_sanity_val_steps=0, limit_val_batches=0,
 )
 
+# A whole `r3l` recipe (as YAML would give it) of one quiet CPU step of the TINY_SPEC policy on
+# arithmetic: what tests run through `r3lightning.cli.main` in-process.
+TINY_CLI_RUN = {
+    "seed_everything": 0,
+    "trainer": {"max_steps": 1, "logger": False, "enable_progress_bar": False},
+    "model": {
+        "model": {"tiny": {k: getattr(TINY_SPEC, k) for k in ("hidden_size", "num_layers", "num_attention_heads",
+                                                               "num_key_value_heads", "intermediate_size", "vocab_size")}},
+        "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
+        "optim": {"lr": 1.0e-3, "micro_batch_size": 8},
+    },
+    "data": {
+        "suite": {"class_path": "r3lightning.envs.math_env.MathSuite",
+                  "init_args": {"source": "arithmetic", "num_val_tasks": 2, "instruction": ""}},
+        "group_size": 2,
+        "tasks_per_step": 2,
+        "val_tasks_per_batch": 2,
+        "sampling": {"max_new_tokens": 3},
+        "val_sampling": {"max_new_tokens": 3},
+        "agent": {"action_format": "raw", "max_context_tokens": 64},
+    },
+}
+
 
 def quiet_trainer(max_steps: int, **overrides) -> L.Trainer:
     """A Trainer for ``max_steps`` steps with no logger, checkpoints, progress bar, model summary or

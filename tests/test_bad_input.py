@@ -4,7 +4,9 @@ Covered elsewhere, not repeated here: a verifier that hangs or crashes (tests/en
 malformed and empty dataset files at the suite level (test_math_env.py::test_dataset_errors),
 context-limit truncation inside the agent loop and a hanging environment step in the loop
 (tests/rollout/test_agent_loop.py), non-finite losses (tests/callbacks/test_health.py), resuming
-with another model (tests/module/test_resume.py).
+with another model (tests/module/test_resume.py) or another config (tests/test_resume_mismatch.py),
+damaged checkpoints, model directories and tokenizers (tests/test_bad_files.py). The whole catalogue,
+by theme: docs/reliability.md.
 """
 
 import json
@@ -15,7 +17,8 @@ from unittest import mock
 import pytest
 import torch
 from hanging_suite import HangingSuite
-from harness import ARITHMETIC, TINY_SPEC, module_and_data, quiet_trainer
+import yaml
+from harness import ARITHMETIC, TINY_CLI_RUN, TINY_SPEC, module_and_data, quiet_trainer
 
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning import algos
@@ -89,6 +92,27 @@ def test_dataset_errors_through_the_cli_name_file_row_and_field(tmp_path, capsys
         "--data.suite.num_val_tasks=0",
     )
     assert code == 1 and f"{data}: {message}" in err and "Traceback" not in err
+
+
+def test_a_fit_stopped_by_non_finite_steps_exits_3_naming_the_checkpoint(tmp_path, capsys, monkeypatch):
+    from r3lightning.module import R3LightningModule
+
+    original = R3LightningModule.micro_batch_loss
+
+    def poisoned(self, micro, totals):
+        out = original(self, micro, totals)
+        out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(R3LightningModule, "micro_batch_loss", poisoned)
+    recipe = write(tmp_path / "tiny.yaml", yaml.safe_dump(TINY_CLI_RUN))
+    code, err = run_cli(tmp_path, capsys, "--config", recipe, "--trainer.max_steps=5", "--model.max_bad_steps=2")
+    stop = tmp_path / "checkpoints" / "bad_steps_stop.ckpt"
+    assert code == 3 and stop.is_file()  # skipped steps do not count as optimizer steps: global step 0
+    assert err.strip().splitlines()[-1] == (
+        "r3l: error: training stopped unhealthy at global step 0: 2 consecutive steps with non-finite loss or gradients "
+        f"(model.max_bad_steps=2; see train/skipped_steps); the last good weights are in {stop}"
+    )
 
 
 def test_tokenizer_without_chat_template(tmp_path):

@@ -139,15 +139,16 @@ def _existing_file(path: str) -> Path:
 def read_hf_rows(name: str, config: Optional[str], split: str) -> list[dict[str, Any]]:
     """Rows of a Hugging Face dataset split; needs network access or a populated HF cache.
 
-    Raises RuntimeError (chained to the original error) when the dataset cannot be loaded.
+    Raises ValueError (chained to the original error; bad input, so ``r3l`` reports it in one line) when
+    the dataset cannot be loaded.
     """
     import datasets
 
     try:
         dataset = datasets.load_dataset(name, config, split=split)
     except Exception as error:  # offline, unknown name, bad config: all mean "cannot use this source"
-        raise RuntimeError(
-            f"could not load Hugging Face dataset {name!r} (config={config!r}, split={split!r}): {error}. "
+        raise ValueError(
+            f"could not load Hugging Face dataset {name!r} (config={config!r}, split={split!r}): {' '.join(str(error).split())}. "
             "hf: sources need network access or a cached copy; for offline use export the rows to "
             "a jsonl:/parquet: file."
         ) from error

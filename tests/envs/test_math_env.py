@@ -312,7 +312,7 @@ def test_dataset_errors(tmp_path):
 
 
 def test_hf_source_offline_raises_clear_error():
-    with pytest.raises(RuntimeError, match="r3lightning-test/missing.*network access or a cached copy"):
+    with pytest.raises(ValueError, match="r3lightning-test/missing.*network access or a cached copy"):
         MathSuite(source="hf:r3lightning-test/missing")
 
 

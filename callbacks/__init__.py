@@ -1,5 +1,6 @@
 """Lightning callbacks for r3lightning runs (name them under ``trainer.callbacks`` in a config)."""
 
+from r3lightning.callbacks.checkpointing import StepCheckpoint
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning.callbacks.hf_export import HuggingFaceExport
 from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
@@ -13,6 +14,7 @@ __all__ = [
     "PhaseReport",
     "ReflectiveToDirectDistillation",
     "RolloutSampleLogger",
+    "StepCheckpoint",
     "TrainingDynamicsMonitor",
     "VLLMWeightSync",
 ]

@@ -23,6 +23,7 @@ LAYERS = {
     "r3lightning.models": 4,
     "r3lightning.optim": 4,
     "r3lightning.checkpoints": 4,
+    "r3lightning.checkpoint_io": 4,
     "r3lightning.module": 4,
     "r3lightning.cli": 5,
     "r3lightning.export": 5,

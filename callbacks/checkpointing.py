@@ -1,0 +1,180 @@
+"""Checkpoints that lose no work: every N optimizer steps, at the end of ``fit``, and on SIGTERM/SIGINT
+at a step boundary, always with an up-to-date ``last.ckpt`` (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any, Optional
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
+
+from r3lightning.checkpoint_io import LAST_CHECKPOINT, atomic_link, find_last_checkpoints, trainer_last_checkpoint_places
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """Save ``<log_dir>/checkpoints/last.ckpt`` every ``every_n_steps`` optimizer steps, after the last
+    step of ``fit`` (and whenever training stops early), independently of validation, and stop cleanly
+    on SIGTERM or SIGINT.
+
+    Each save writes ``last.ckpt`` (atomically when ``r3l``'s ``AtomicCheckpointIO`` is installed, as
+    it is by default) and names the same file ``step=<N>.ckpt`` (a hard link: no second copy on
+    disk); the ``keep`` newest step files are kept. ``r3l`` adds this callback unless the config
+    names a ``ModelCheckpoint`` of its own (this class is one, so name it to change its settings) or
+    sets ``trainer.enable_checkpointing: false``.
+
+    On the first SIGTERM or SIGINT (Ctrl-C) during training, the step that is running finishes,
+    ``last.ckpt`` is saved at that step boundary, validation is skipped and ``fit`` returns;
+    ``stopped_by_signal`` then holds the signal's name and ``r3l`` exits with status 128 + its number
+    (143 for SIGTERM, 130 for SIGINT). A second signal stops at once (the previous handler runs:
+    Ctrl-C raises ``KeyboardInterrupt``); the last periodic ``last.ckpt`` is then the place to resume.
+    Under several ranks the decision is shared (any rank's signal stops every rank after the same
+    step).
+
+    Args:
+        every_n_steps: save every this many optimizer steps (global steps); 0 saves only at the end
+            of ``fit`` and on a signal.
+        keep: how many ``step=<N>.ckpt`` names to keep besides ``last.ckpt`` (0: none, -1: all).
+        dirpath: directory of the checkpoints (default ``<log_dir>/checkpoints``).
+        stop_on_signal: catch SIGTERM and SIGINT during training as described above.
+    """
+
+    def __init__(self, every_n_steps: int = 50, keep: int = 1, dirpath: Optional[str] = None, stop_on_signal: bool = True) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"StepCheckpoint: every_n_steps must be >= 0, got {every_n_steps}")
+        if keep < -1:
+            raise ValueError(f"StepCheckpoint: keep must be -1 (all), 0 or more, got {keep}")
+        super().__init__(dirpath=dirpath, filename="{step}", save_top_k=0, enable_version_counter=False)
+        self.every_n_steps = every_n_steps
+        self.keep = keep
+        self.stop_on_signal = stop_on_signal
+        self.stopped_by_signal: Optional[str] = None
+        self.signal_received: Optional[str] = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._step_files: list[str] = []
+
+    @property
+    def state_key(self) -> str:
+        return "StepCheckpoint"  # one per trainer; the same key whatever its settings, so a resume may change them
+
+    # ---- where ----------------------------------------------------------------------------------
+    def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
+        """``trainer.fit(ckpt_path="last")`` finds the newest ``last.ckpt`` of every version of the
+        run, not only of the current (new, empty) version folder."""
+        own = [str(self.dirpath)] if self.dirpath is not None else []
+        return set(find_last_checkpoints(trainer_last_checkpoint_places(trainer, own)))
+
+    # ---- when -----------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.stopped_by_signal = None
+        self.signal_received = None
+        if self.stop_on_signal and threading.current_thread() is threading.main_thread():
+            for name in STOP_SIGNALS:
+                signum = getattr(signal, name)
+                self._previous_handlers[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_received is not None:  # a second signal: stop now, the way it would have
+            previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+            self._restore_handlers()
+            _print(f"[r3lightning] {name} again: stopping now; the last saved last.ckpt is the place to resume.")
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signum)
+            return
+        self.signal_received = name
+        _print(
+            f"[r3lightning] {name} received: finishing the current step, then saving {LAST_CHECKPOINT} "
+            f"(send {name} again to stop at once)."
+        )
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            try:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            except (ValueError, TypeError):  # not the main thread, or a handler set from C
+                pass
+        self._previous_handlers = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        stop = self.signal_received is not None
+        if self.stop_on_signal and trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)  # every rank calls this every step
+        step = trainer.global_step
+        last_step = trainer.max_steps is not None and 0 < trainer.max_steps <= step
+        periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        if (periodic or last_step or stop or trainer.should_stop) and not self._already_saved(trainer):
+            self.save(trainer)
+        if stop and not last_step:
+            self.stopped_by_signal = self.signal_received or "a signal on another rank"
+            trainer.should_stop = True
+            epoch_loop = trainer.fit_loop.epoch_loop
+            if hasattr(epoch_loop, "_skip_next_val"):  # stopping is not a reason to validate here
+                epoch_loop._skip_next_val = True
+            _print(
+                f"[r3lightning] stopped by {self.stopped_by_signal} after global step {step} (a step boundary); "
+                f"saved {self.last_model_path}. Resume with: r3l fit <the same config> --ckpt_path last"
+            )
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass  # saves follow steps, not epochs (the task stream is one endless epoch)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass  # nor validation
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Training ended some other way (``max_time``, a callback's ``should_stop`` after this
+        callback's hook): save the final state unless this step is saved already."""
+        if not self._already_saved(trainer):
+            self.save(trainer)
+        self._restore_handlers()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # A step that died half-way is no step boundary: last.ckpt stays the last consistent state
+        # (HealthWatchdog saves exception.ckpt).
+        self._restore_handlers()
+
+    def _already_saved(self, trainer: L.Trainer) -> bool:
+        return trainer.global_step == 0 or self._last_global_step_saved == trainer.global_step or bool(trainer.fast_dev_run)
+
+    # ---- how ------------------------------------------------------------------------------------
+    def save(self, trainer: L.Trainer) -> str:
+        """Save ``last.ckpt`` now (collective under several ranks) and name it ``step=<N>.ckpt``."""
+        candidates = self._monitor_candidates(trainer)
+        last = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST)
+        self.last_model_path = last
+        self._save_checkpoint(trainer, last)
+        if self.keep != 0 and trainer.is_global_zero and os.path.isfile(last):
+            step_file = self.format_checkpoint_name(candidates)
+            atomic_link(last, step_file)
+            self.best_model_path = step_file
+            self._step_files = [f for f in self._step_files if f != step_file] + [step_file]
+            while self.keep > 0 and len(self._step_files) > self.keep:
+                old = self._step_files.pop(0)
+                try:
+                    os.remove(old)
+                except OSError:
+                    pass
+        trainer.strategy.barrier()
+        return last
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dirpath": str(self.dirpath)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore: the resumed run writes its own files (the step files of the run it
+        resumed from stay where they are; only this run's are rotated)."""
+
+
+@rank_zero_only
+def _print(message: str) -> None:
+    print(message, flush=True)

@@ -8,20 +8,25 @@ import importlib
 import inspect
 import logging
 import os
+import pickle
 import signal
 import sys
 import traceback
 import warnings
 from argparse import ArgumentError
-from typing import Any, Optional
+from dataclasses import asdict, is_dataclass
+from typing import Any, Literal, Optional
 
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from r3lightning.checkpoint_io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
+from r3lightning.algos.objective import METHOD_FIELDS
+from r3lightning.checkpoints import read_checkpoint
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
 
@@ -162,6 +167,136 @@ def check_config_files(args) -> None:
             raise SystemExit(2) from None
 
 
+# ---- resume: the checkpoint's settings against the parsed config ------------------------------------
+SHAPE_KEYS = ("model.model.name_or_path", "model.model.tiny", "model.model.lora_rank", "model.model.lora_target_modules")
+"""Keys that define the weights' shapes or source: a checkpoint's weights only fit its own values."""
+METHOD_KEYS = (
+    *(f"model.algorithm.{name}" for name in METHOD_FIELDS),
+    "model.model.dtype",
+    "model.model.lora_alpha",
+    "model.model.chat_template",
+    "model.phases.sft_warmup_steps",
+    "model.phases.reset_optimizer_for_rl",
+)
+"""Keys that define the method (the objective's ``METHOD_FIELDS``, the warm-start schedule, the policy's
+dtype, LoRA scaling and chat template): a resume that changes one is a different run, done only on request."""
+RESUME_WITH = ("checkpoint", "config")
+"""``--resume_with``: whose values win where the config and the checkpoint differ on a method key."""
+EVALUATING = ("validate", "test", "predict")
+LIGHTNING_CKPT_NAMES = ("last", "best", "hpc")
+"""``ckpt_path`` values Lightning resolves itself (no file to check here)."""
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain dicts, lists and scalars (config dataclasses and jsonargparse Namespaces too)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    elif hasattr(value, "as_dict") and callable(value.as_dict):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}"))
+        return out
+    return {prefix: value}
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _irrelevant(key: str, saved: dict[str, Any], parsed: dict[str, Any]) -> bool:
+    """A difference that changes nothing: the tiny spec of a pretrained model, LoRA settings without LoRA."""
+    both = lambda name: (saved.get(name), parsed.get(name))  # noqa: E731
+    if key.startswith("model.model.tiny.") and all(both("model.model.name_or_path")):
+        return True
+    lora = ("model.model.lora_alpha", "model.model.lora_target_modules")
+    return _under(key, lora) and not any(both("model.model.lora_rank"))
+
+
+def resume_differences(saved_hparams: Any, parsed_model: Any) -> dict[str, list[tuple[str, Any, Any]]]:
+    """Where a checkpoint's saved ``model:`` init arguments and the parsed ``model:`` section differ:
+    ``{"shape": [...], "method": [...], "tuning": [...]}`` of ``(key, checkpoint value, config value)``,
+    keys as ``r3l`` spells them (``model.algorithm.advantage``). Keys the checkpoint does not record
+    (fields added since it was written) are left out."""
+    saved = _flatten(_plain(saved_hparams), "model")
+    parsed = _flatten(_plain(parsed_model), "model")
+    found: dict[str, list[tuple[str, Any, Any]]] = {"shape": [], "method": [], "tuning": []}
+    for key, value in parsed.items():
+        if key not in saved or saved[key] == value or _irrelevant(key, saved, parsed):
+            continue
+        kind = "shape" if _under(key, SHAPE_KEYS) else "method" if _under(key, METHOD_KEYS) else "tuning"
+        found[kind].append((key, saved[key], value))
+    return found
+
+
+def _listing(rows: list[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{key} (checkpoint: {old!r}, config: {new!r})" for key, old, new in rows)
+
+
+def check_resume(ckpt_path: str, saved_hparams: Any, parsed_model: Any, resume_with: Optional[str]) -> tuple[bool, str]:
+    """Decide a resume from ``ckpt_path`` whose saved ``model:`` section is ``saved_hparams``, under
+    ``--resume_with``. Returns (apply the checkpoint's values?, a note to print or ""); raises ValueError
+    (one line naming every differing key with both values) when the run cannot go on as configured.
+
+    - default (None): shape or method keys that differ are an error; tuning keys (learning rate,
+      micro-batching, engine, logging, ...) take the config's values, and the note lists them.
+    - ``checkpoint``: every ``model:`` key takes the checkpoint's value; the note lists what it replaced.
+    - ``config``: the config's values win, method keys included; shape keys still must match (the
+      checkpoint's weights would not fit)."""
+    diff = resume_differences(saved_hparams, parsed_model)
+    where = f"--ckpt_path {ckpt_path!r}"
+    if resume_with == "checkpoint":
+        replaced = diff["shape"] + diff["method"] + diff["tuning"]
+        note = f"[r3lightning] resume: the checkpoint's values replace the config's for {_listing(replaced)}" if replaced else ""
+        return True, note
+    if diff["shape"]:
+        rows = diff["shape"] + diff["method"]
+        hint = (
+            "its weights cannot take this shape; resume with --resume_with checkpoint, or start a new run from "
+            "its policy (r3l export, then model.model.name_or_path)"
+            if resume_with == "config"
+            else "resume with --resume_with checkpoint to take the checkpoint's values"
+        )
+        raise ValueError(f"{where}: the config differs from the checkpoint on the model's shape or source: {_listing(rows)}; {hint}")
+    if diff["method"] and resume_with != "config":
+        raise ValueError(
+            f"{where}: the config differs from the checkpoint on keys that define the method: {_listing(diff['method'])}; "
+            "resume with --resume_with checkpoint to take the checkpoint's values, or --resume_with config to "
+            "continue its weights and optimizer under this config's method"
+        )
+    changed = diff["method"] + diff["tuning"]
+    note = f"[r3lightning] resume: the config's values replace the checkpoint's for {_listing(changed)}" if changed else ""
+    return False, note
+
+
+def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
+    """Why a finished ``r3l fit`` stopped unhealthy (``model.max_bad_steps`` consecutive non-finite
+    steps), or None. Names the health watchdog's checkpoint of the last good weights when it saved one
+    (found by its ``stop_checkpoint`` attribute: the package does not import the callbacks)."""
+    module = getattr(cli, "model", None)
+    trainer = getattr(cli, "trainer", None)
+    if getattr(cli, "subcommand", None) != "fit" or module is None or trainer is None:
+        return None
+    bad, limit = int(getattr(module, "consecutive_bad_steps", 0)), int(getattr(module, "max_bad_steps", 0) or 0)
+    if limit <= 0 or bad < limit:
+        return None
+    saved = next((c.stop_checkpoint for c in trainer.callbacks if getattr(c, "stop_checkpoint", None)), None)
+    where = f"; the last good weights are in {saved}" if saved else ""
+    return (
+        f"training stopped unhealthy at global step {trainer.global_step}: {bad} consecutive steps with non-finite "
+        f"loss or gradients (model.max_bad_steps={limit}; see train/skipped_steps){where}"
+    )
+
+
 class R3LightningCLI(LightningCLI):
     """LightningCLI with r3lightning's module and datamodule and sensible RL defaults.
 
@@ -193,7 +328,7 @@ class R3LightningCLI(LightningCLI):
         """Resolve ``--ckpt_path last`` (``resolve_last_ckpt_path``) before LightningCLI reads the
         checkpoint's saved settings, so ``last`` behaves exactly as the file's path would."""
         resolve_last_ckpt_path(self.config)
-        super()._parse_ckpt_path()
+        self._check_ckpt_path()
 
     def after_fit(self) -> None:
         """Exit with status 128 + the signal's number when a signal stopped training (``StepCheckpoint``
@@ -224,6 +359,56 @@ class R3LightningCLI(LightningCLI):
             for p, exit_on_error in zip(parsers, exits):
                 p.exit_on_error = exit_on_error
 
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--resume_with",
+            type=Optional[Literal["checkpoint", "config"]],
+            default=None,
+            help=(
+                "With --ckpt_path, where the config and the checkpoint differ on a key that defines the run "
+                "(model shape or source, the algorithm's method fields, dtype, LoRA, chat template, warm-start): "
+                "unset refuses to start and names each key; 'checkpoint' takes the checkpoint's values for every "
+                "model key; 'config' keeps the config's (the shape must still match). Tuning keys (learning "
+                "rate, micro-batching, engine) always take the config's values unless 'checkpoint' is given."
+            ),
+        )
+
+    def _check_ckpt_path(self) -> None:
+        """Called by ``_parse_ckpt_path`` in place of LightningCLI's, which loads ``--ckpt_path`` and silently
+        re-applies the checkpoint's saved ``model:`` init arguments over the parsed config. Here the file is checked where it enters
+        (``read_checkpoint``: one error naming it and what is wrong), then compared with the config
+        (``check_resume``): the checkpoint's values are applied only with ``--resume_with checkpoint``.
+        ``r3l validate``/``test``/``predict`` without ``--ckpt_path`` are refused for a tiny model built at
+        random (nothing trained to evaluate); a pretrained ``model.model.name_or_path`` may be evaluated as is."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        section = self.config[subcommand]
+        ckpt_path = section.get("ckpt_path")
+        resume_with = section.get("resume_with")
+        if not ckpt_path:
+            if subcommand in EVALUATING and not section.get("model.model.name_or_path"):
+                raise ValueError(
+                    f"r3l {subcommand}: no --ckpt_path, and the model is a tiny model built at random "
+                    "(model.model.name_or_path is empty), so there is nothing trained to evaluate; give "
+                    "--ckpt_path CHECKPOINT (a .ckpt written by r3l fit), or a pretrained model as model.model.name_or_path"
+                )
+            if resume_with:
+                raise ValueError("--resume_with is given without --ckpt_path: there is no checkpoint to resume from")
+            return
+        if ckpt_path in LIGHTNING_CKPT_NAMES or str(ckpt_path).startswith("registry") and not os.path.exists(ckpt_path):
+            return  # resolved by Lightning from the run's own checkpoint callback
+        checkpoint = read_checkpoint(ckpt_path)
+        hparams = dict(checkpoint["hyper_parameters"])
+        hparams.pop("_instantiator", None)
+        hparams.pop("_class_path", None)
+        del checkpoint  # memory-mapped; Lightning loads it again when it restores
+        apply, note = check_resume(ckpt_path, hparams, section.get("model"), resume_with)
+        if note:
+            rank_zero_print(note)
+        if apply:
+            self.config = self.parser.parse_object({subcommand: {"model": _plain(hparams)}}, self.config)
+
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(
             R3LightningModule,
@@ -235,6 +420,25 @@ class R3LightningCLI(LightningCLI):
             args=args,
             run=run,
         )
+
+
+@rank_zero_only
+def rank_zero_print(message: str) -> None:
+    print(message, flush=True)
+
+
+EXPECTED_ERRORS = (ValueError, OSError, ImportError, EOFError, pickle.UnpicklingError)
+"""The error families of bad input (a file, a setting, a source that cannot be used here: ``ValueError``
+and its ``JSONDecodeError``/``UnicodeDecodeError``, ``OSError`` and its ``FileNotFoundError``/
+``ConnectionError``/``PermissionError``, an optional package that is not installed, an unreadable pickle):
+``r3l`` reports them in one line, exit status 1. Anything else is a bug and keeps its traceback."""
+UNHEALTHY_EXIT = 3
+"""Exit status of an ``r3l fit`` the health checks stopped (``model.max_bad_steps`` non-finite steps in a row)."""
+
+
+def one_line(err: BaseException) -> str:
+    """The error's message on one line (libraries' messages often span several)."""
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 def _checkpoint_dirs_of(trainer: Any) -> tuple[list[str], Optional[tuple[str, str]], str]:
@@ -285,9 +489,11 @@ def resolve_last_ckpt_path(config: Any) -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``r3l``. Bad input (``ValueError``/``OSError``: a missing model directory, an empty or
-    malformed dataset, a bad setting) ends with its one-line message and where it was raised, exit status 1;
-    set ``R3L_TRACEBACK=1`` for the full traceback."""
+    """Entry point of ``r3l``. Bad input (``EXPECTED_ERRORS``: a missing or damaged checkpoint or model
+    directory, an empty or malformed dataset, a config that contradicts its checkpoint, a bad setting)
+    ends with its one-line message and where it was raised, exit status 1; set ``R3L_TRACEBACK=1`` for the
+    full traceback. A configuration that does not parse exits 2 (``parse_arguments``). A fit the health
+    checks stopped (non-finite steps) exits 3 (``UNHEALTHY_EXIT``) with the reason."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     quiet_lightning()
     # Arguments from the command line go to LightningCLI as None (it reads sys.argv itself): given
@@ -306,17 +512,21 @@ def main(args: list[str] | None = None) -> None:
         reflectrl_main(args[0], args[1:], load_policy)
         return
     try:
-        R3LightningCLI(args=None if from_command_line else args)
-    except (ValueError, OSError) as err:
+        cli = R3LightningCLI(args=None if from_command_line else args)
+    except EXPECTED_ERRORS as err:
         if os.environ.get("R3L_TRACEBACK", "0") not in ("", "0"):
             raise
         frame = traceback.extract_tb(err.__traceback__)[-1]
         print(
-            f"r3l: error: {err}\n  ({type(err).__name__} raised at {frame.filename}:{frame.lineno}; "
+            f"r3l: error: {one_line(err)}\n  ({type(err).__name__} raised at {frame.filename}:{frame.lineno}; "
             "set R3L_TRACEBACK=1 for the full traceback)",
             file=sys.stderr,
         )
         raise SystemExit(1) from None
+    reason = unhealthy_stop(cli)
+    if reason:
+        print(f"r3l: error: {reason}", file=sys.stderr)
+        raise SystemExit(UNHEALTHY_EXIT)
 
 
 if __name__ == "__main__":

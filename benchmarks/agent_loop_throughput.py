@@ -51,7 +51,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# ``--repo PATH`` measures another checkout of r3lightning (e.g. a git worktree of an older commit).
+_REPO = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--repo"), str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, _REPO)
 
 import torch  # noqa: E402
 from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
@@ -166,6 +168,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes per batch size, interleaved across batch sizes so that load changes "
                              "on a shared machine hit all of them alike; the median pass is reported")
+    parser.add_argument("--repo", default=_REPO, help="r3lightning checkout to measure (default: this one)")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="re-prefill every episode's whole conversation on every turn (the engine before "
                              "its prefix cache)")
@@ -222,6 +225,7 @@ def main() -> None:
         "config": {
             "suite": {"class": "ProceduralWorldSuite", "difficulty": args.difficulty, "max_turns": suite.max_turns},
             "engine": "hf",
+            "repo": args.repo,
             "prefix_cache": not args.no_prefix_cache,
             "device": args.device,
             "model": {**spec.__dict__, "params": count_parameters(model)},

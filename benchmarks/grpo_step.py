@@ -356,6 +356,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per worker")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in every worker")
     parser.add_argument("--engine-options", default="", help="JSON of extra EngineConfig fields for hf/vllm")
+    parser.add_argument("--alt-options", default="",
+                        help="JSON of EngineConfig fields for an extra hf_alt variant of the same checkout, interleaved "
+                             "with the others (e.g. '{\"hf_compile\": \"on\"}')")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -389,13 +392,17 @@ def main() -> None:
         for v in [v for v in variants if v != "trl"]:
             repos[f"{v}_before"], pythons[f"{v}_before"] = args.before_repo, pythons[v]
         variants = [x for v in variants for x in ((v, f"{v}_before") if v != "trl" else (v,))]
+    options = {v: ("" if v.endswith("_before") else args.engine_options) for v in variants}
+    if args.alt_options and "hf" in variants:
+        variants.insert(variants.index("hf") + 1, "hf_alt")
+        repos["hf_alt"], pythons["hf_alt"], options["hf_alt"] = args.repo, pythons["hf"], args.alt_options
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="grpo-step-model-") as model_dir:
         model_info = write_model(Path(model_dir))
         for repeat in range(args.repeats):
             for variant in variants:
-                options = "" if variant.endswith("_before") else args.engine_options
-                result = run_worker(pythons[variant], variant.removesuffix("_before"), args, model_dir, repos[variant], options)
+                worker = variant.removesuffix("_before").removesuffix("_alt")
+                result = run_worker(pythons[variant], worker, args, model_dir, repos[variant], options[variant])
                 if "error" in result:
                     errors.append(f"repeat {repeat}: {result['error']}")
                     print(errors[-1], flush=True)
@@ -411,6 +418,11 @@ def main() -> None:
             values = [r["median"][part] for r in results]
             figures[f"{variant}_{part}_s"] = round(statistics.median(values), 4)
             figures[f"{variant}_{part}_s_repeats"] = [round(v, 4) for v in values]
+    if runs.get("hf_alt") and runs.get("hf"):
+        figures["hf_alt_over_hf_step"] = round(figures["hf_alt_step_s"] / figures["hf_step_s"], 3)
+        figures["hf_alt_over_hf_rollout"] = round(figures["hf_alt_rollout_s"] / figures["hf_rollout_s"], 3)
+        figures["hf_alt_over_hf_step_repeats"] = [
+            round(a["median"]["step"] / b["median"]["step"], 3) for a, b in zip(runs["hf_alt"], runs["hf"])]
     for variant in runs:
         before = f"{variant}_before"
         if runs.get(before) and runs[variant]:
@@ -429,6 +441,7 @@ def main() -> None:
         "repo": args.repo,
         "before_repo": args.before_repo,
         "engine_options": args.engine_options,
+        "alt_options": args.alt_options,
         "errors": errors,
         "machine": machine_info(),
     }

@@ -3,6 +3,16 @@
     python benchmarks/rollout_throughput.py --out benchmarks/results/rollout_throughput_cpu.json
     python benchmarks/rollout_throughput.py --preset gpu-0.5b --out $OUT/rollout_throughput_gpu.json
 
+``--decode-curve`` measures instead the cost of one decoding step of the ``hf`` engine against the
+batch size (1..256): ms per step, from the difference of two ``generate`` calls with 1 and 1 + ``--curve-steps``
+new tokens (so prefill cancels), the median of ``--repeats`` interleaved passes, and its ratio to the step's
+FLOP limit (2 x matmul parameters x batch + attention over the context, at this machine's measured
+float32 matmul rate: the best of square 1024 and 2048 matmuls). ``--curve-compile`` adds the compiled
+decoding path (``HFEngine(compile=True)``) at the batch sizes given, interleaved with the eager one,
+with its compile time:
+
+    python benchmarks/rollout_throughput.py --decode-curve --out benchmarks/results/decode_curve_cpu.json
+
 Generated tokens/s (sampled at temperature 1, prompts of random token ids; best of ``--repeats``
 runs) at several batch sizes for both engines on a random-init Qwen2 model built from a config (no downloads), then the time of one
 full weight sync (``iter_policy_weights`` -> buckets -> ``VLLMEngine.load_weights``, as the
@@ -143,6 +153,116 @@ def machine() -> dict:
     return info
 
 
+def matmul_rate(dtype: torch.dtype, device: str) -> dict:
+    """This machine's dense matmul rate (FLOP/s, best of a few sizes and runs) with the current threads."""
+    best = {}
+    for n in (1024, 2048):
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
+        a @ b
+        runs = []
+        for _ in range(5):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            a @ b
+            if device == "cuda":
+                torch.cuda.synchronize()
+            runs.append(time.perf_counter() - start)
+        best[n] = 2 * n**3 / min(runs)
+    return {"flops_per_s": max(best.values()), "by_size": {str(k): round(v / 1e9, 1) for k, v in best.items()}}
+
+
+def decode_step_flops(model, batch: int, context: int) -> float:
+    """FLOPs of one decoding step: 2 x (parameters in matmuls, the LM head included, embeddings not)
+    x batch, plus attention (QK^T and PV over ``context`` cached tokens: 4 x layers x heads x head_dim)."""
+    config = model.config
+    matmul = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name)
+    if getattr(config, "tie_word_embeddings", False):
+        matmul += model.get_input_embeddings().weight.numel()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
+    return batch * (2 * matmul + attention)
+
+
+def decode_curve(args, preset, tokenizer) -> dict:
+    """ms per decoding step vs batch size (eager hf engine; compiled at ``--curve-compile`` batches)."""
+    device, dtype = preset["device"], preset["dtype"]
+    policy = build_model(preset["model"], tokenizer, dtype, device)
+    rate = matmul_rate(getattr(torch, dtype), device)
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    prompts = make_prompts(tokenizer, max(batches), args.prompt_len, seed=0)
+    steps = args.curve_steps
+    short = SamplingParams(temperature=1.0, max_new_tokens=1)
+    # Rows that sample the end-of-turn token keep decoding as padding until every row has stopped, so a
+    # pass runs the whole budget unless all rows stop early (then it is dropped, see ``timed``).
+    long = SamplingParams(temperature=1.0, max_new_tokens=1 + steps)
+    engines = {"eager": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False)}
+    compiled_batches = set(args.curve_compile or [])
+    if compiled_batches:
+        engines["compiled"] = HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, compile=True)
+
+    def timed(engine, batch, params) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = engine.generate(prompts[:batch], params)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        if params is long and max(len(g.token_ids) for g in out) < 1 + steps:
+            return float("nan")  # every row stopped early (rare with random prompts): not a full pass
+        return seconds
+
+    compile_s = {}
+    for name, engine in engines.items():  # warm-up (and compilation) outside the timed passes
+        for batch in batches:
+            if name == "compiled" and batch not in compiled_batches:
+                continue
+            start = time.perf_counter()
+            timed(engine, batch, short)
+            timed(engine, batch, long)
+            if name == "compiled":
+                compile_s[batch] = round(time.perf_counter() - start, 2)
+                print(f"compiled batch {batch}: warm-up incl. compilation {compile_s[batch]:.1f} s", flush=True)
+    samples = {(name, b): [] for name in engines for b in batches}
+    for _ in range(args.repeats):
+        for batch in batches:
+            for name, engine in engines.items():
+                if name == "compiled" and batch not in compiled_batches:
+                    continue
+                torch.manual_seed(batch)
+                samples[(name, batch)].append((timed(engine, batch, long) - timed(engine, batch, short)) / steps)
+    figures, rows = {}, []
+    for (name, batch), values in samples.items():
+        values = [v for v in values if v == v]
+        if not values:
+            continue
+        ms = statistics.median(values) * 1e3
+        limit_ms = decode_step_flops(policy, batch, args.prompt_len + 1 + steps // 2) / rate["flops_per_s"] * 1e3
+        figures[f"{name}_decode_ms_per_step_batch{batch}"] = round(ms, 3)
+        figures[f"{name}_decode_over_flop_limit_batch{batch}"] = round(ms / limit_ms, 2)
+        figures[f"{name}_decode_tokens_per_s_batch{batch}"] = round(batch / ms * 1e3, 1)
+        rows.append((name, batch, ms, limit_ms))
+        print(f"{name:8s} batch {batch:4d}: {ms:8.3f} ms/step, FLOP limit {limit_ms:7.3f} ms, ratio {ms / limit_ms:7.1f}", flush=True)
+    for batch in compiled_batches:
+        if f"compiled_decode_ms_per_step_batch{batch}" in figures and f"eager_decode_ms_per_step_batch{batch}" in figures:
+            figures[f"compiled_over_eager_batch{batch}"] = round(
+                figures[f"compiled_decode_ms_per_step_batch{batch}"] / figures[f"eager_decode_ms_per_step_batch{batch}"], 3)
+    return {
+        "figures": figures,
+        "config": {
+            "model": preset["model"], "params": sum(p.numel() for p in policy.parameters()), "dtype": dtype, "device": device,
+            "batches": batches, "prompt_tokens": args.prompt_len, "decode_steps_timed": steps, "repeats": args.repeats,
+            "matmul_rate_gflops": round(rate["flops_per_s"] / 1e9, 1), "matmul_rate_by_size_gflops": rate["by_size"],
+            "flop_limit": "2 x matmul params x batch + 4 x layers x heads x head_dim x context x batch, at the matmul rate",
+            "statistic": "median of interleaved passes of (t(1 + steps new tokens) - t(1 new token)) / steps",
+            "compiled_batches": sorted(compiled_batches), "compile_warmup_s": compile_s,
+            "compile_stats": engines["compiled"].compile_stats() if "compiled" in engines else None,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="where to write the JSON result")
@@ -155,7 +275,13 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--skip-hf", action="store_true", help="only the vllm engine")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure; the best one counts")
+    parser.add_argument("--decode-curve", action="store_true", help="ms per decoding step vs batch size (hf engine) only")
+    parser.add_argument("--curve-steps", type=int, default=32, help="decoding steps timed per pass of the curve")
+    parser.add_argument("--curve-compile", type=int, nargs="*", default=[], help="batch sizes also timed compiled")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     preset = PRESETS[args.preset]
     args.batches = preset["batches"]
     device, dtype = preset["device"], preset["dtype"]
@@ -164,6 +290,14 @@ def main() -> None:
 
     corpus = [f"What is {a} + {b}? The answer is \\boxed{{{a + b}}}." for a in range(60) for b in range(0, 60, 7)]
     tokenizer = build_tokenizer(corpus, 1024)
+    if args.decode_curve:
+        curve = decode_curve(args, preset, tokenizer)
+        result = {"benchmark": "decode_curve", **curve, "machine": machine()}
+        result["config"]["preset"] = args.preset
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["figures"], indent=2))
+        return
     policy = build_model(preset["model"], tokenizer, dtype, device)
     num_params = sum(p.numel() for p in policy.parameters())
     prompts = make_prompts(tokenizer, max(args.batches), args.prompt_len, seed=0)

@@ -5,6 +5,7 @@ tokens."""
 from __future__ import annotations
 
 import time
+import functools
 from collections import Counter, OrderedDict
 from typing import Optional
 
@@ -16,6 +17,60 @@ from transformers.generation.configuration_utils import CompileConfig
 from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
 
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [kv_heads, L, head_dim]
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends into spare capacity instead of concatenating.
+
+    ``DynamicLayer.update`` is ``torch.cat([cache, new])``: every decoding step copies the whole cache
+    of every layer, an O(context) copy per generated token that no batch size amortizes (in multi-turn
+    episodes with long contexts it was a sixth of the agent loop's time). Here the keys and values live
+    in a buffer of ``capacity`` columns (doubled when full) and the layer's ``keys`` / ``values`` are
+    views of its first columns, so a step writes one column. Attention reads the same values either way.
+    Methods that replace ``keys`` (``crop`` keeps a view of the buffer; ``batch_select_indices`` makes a
+    new tensor) stay correct: a ``keys`` that is no longer a view of the buffer is copied into a new one.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._buffer: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.keys.shape[-2] if self.keys.numel() else 0
+        end = length + key_states.shape[-2]
+        buffer = self._buffer
+        fits = (
+            buffer is not None
+            and buffer[0].shape[-2] >= end
+            and buffer[0].shape[:2] == key_states.shape[:2]
+            and buffer[1].shape[:2] == value_states.shape[:2]
+            and (length == 0 or (self.keys.data_ptr() == buffer[0].data_ptr() and self.values.data_ptr() == buffer[1].data_ptr()))
+        )
+        if not fits:
+            capacity = max(self.capacity, 2 * end, 64)
+            keys = key_states.new_empty((*key_states.shape[:2], capacity, key_states.shape[-1]))
+            values = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[-1]))
+            if length:
+                keys[:, :, :length] = self.keys
+                values[:, :, :length] = self.values
+            buffer = self._buffer = (keys, values)
+        buffer[0][:, :, length:end] = key_states
+        buffer[1][:, :, length:end] = value_states
+        self.keys, self.values = buffer[0][:, :, :end], buffer[1][:, :, :end]
+        return self.keys, self.values
+
+
+def growing_cache(capacity: int, layers: Optional[LayerKV] = None) -> DynamicCache:
+    """A ``DynamicCache`` of ``GrowingLayer`` s with room for ``capacity`` tokens, holding ``layers``
+    (batch keys / values per layer, [B, kv_heads, L, head_dim]) if given."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = functools.partial(GrowingLayer, capacity)
+    for index, (keys, values) in enumerate(layers or []):
+        cache.update(keys, values, index)
+    return cache
 
 
 class PrefixKVCache:
@@ -138,6 +193,7 @@ class HFEngine:
         self.compile_mode = compile_mode
         self.compile_backend = compile_backend
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
+        self._plain_layers: Optional[bool] = None
         # Per (batch, cache length) bucket: seconds of its first generate call (compilation included).
         self.first_call_s: dict[tuple[int, int], float] = {}
 
@@ -177,6 +233,17 @@ class HFEngine:
         if self.compile_mode:
             return self.compile_mode
         return "reduce-overhead" if next(self.model.parameters()).device.type == "cuda" else "default"
+
+    def _full_attention_only(self) -> bool:
+        """Whether every layer of the model's own cache is a plain ``DynamicLayer`` (no sliding window,
+        no linear attention), i.e. whether ``GrowingLayer`` can stand in for it."""
+        if self._plain_layers is None:
+            try:
+                layers = DynamicCache(config=self.model.config).layers
+                self._plain_layers = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+            except Exception:  # noqa: BLE001 - an unusual config: keep transformers' default cache
+                self._plain_layers = False
+        return self._plain_layers
 
     def _batch_bucket(self, n: int) -> int:
         return min(1 << max(n - 1, 0).bit_length(), max(self.max_batch_size, n))
@@ -221,7 +288,7 @@ class HFEngine:
             padded = self._batch_bucket(rows)
             batch_prompts = prompts + [prompts[-1]] * (padded - rows)  # dropped after generation
             batch_cached = cached + [cached[-1]] * (padded - rows)
-        input_ids, attention_mask, past = self._batch_inputs(batch_prompts, batch_cached, device)
+        input_ids, attention_mask, past = self._batch_inputs(batch_prompts, batch_cached, device, params.max_new_tokens)
         width = input_ids.shape[1]
         compile_kwargs = {}
         if self.compile:
@@ -320,12 +387,12 @@ class HFEngine:
             input_ids=input_ids[:, start:],
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past if past is not None else DynamicCache(),
+            past_key_values=past if past is not None else DynamicCache(config=self.model.config),
             use_cache=True,
             logits_to_keep=1,
         )
         layers = out.past_key_values.layers
-        if not all(type(layer) is DynamicLayer for layer in layers):
+        if not all(type(layer) in (DynamicLayer, GrowingLayer) for layer in layers):
             return cached  # sliding-window or linear-attention layers: no re-padding per row
         cached = list(cached)
         for index, rows in enumerate(shared):
@@ -336,7 +403,7 @@ class HFEngine:
         return cached
 
     def _batch_inputs(
-        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device
+        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device, new_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, Optional[DynamicCache]]:
         """Token ids and attention mask [B, C + S] and the batch cache of length C.
 
@@ -358,7 +425,9 @@ class HFEngine:
             input_ids[row, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
             attention_mask[row, width - len(suffix) :] = 1
         if cache_width == 0:
-            return input_ids.to(device), attention_mask.to(device), None
+            # Models with sliding-window or linear-attention layers get transformers' own cache.
+            past = growing_cache(width + new_tokens) if self._full_attention_only() else None
+            return input_ids.to(device), attention_mask.to(device), past
         layers = []
         reference = next(kv for _, kv in cached if kv is not None)
         for layer, (ref_k, ref_v) in enumerate(reference):
@@ -369,13 +438,13 @@ class HFEngine:
                     keys[row, :, cache_width - n :] = kv[layer][0]
                     values[row, :, cache_width - n :] = kv[layer][1]
             layers.append((keys, values))
-        return input_ids.to(device), attention_mask.to(device), DynamicCache(ddp_cache_data=layers)
+        return input_ids.to(device), attention_mask.to(device), growing_cache(width + new_tokens, layers)
 
     def _store(
         self, prompts: list[list[int]], generations: list[Generation], attention_mask: torch.Tensor, cache
     ) -> None:
         """Keep each row's KV for prompt + completion minus its last token (never fed to the model)."""
-        if not all(type(layer) in (DynamicLayer, StaticLayer) for layer in cache.layers):
+        if not all(type(layer) in (DynamicLayer, GrowingLayer, StaticLayer) for layer in cache.layers):
             # Sliding-window or linear-attention caches cannot be cut and re-padded per row.
             self.stats["prefix_cache_unsupported"] += 1
             self.prefix_cache = None

@@ -1,0 +1,191 @@
+"""GPU throughput: the ``hf`` engine's decoding (eager and compiled) on the Qwen2-0.5B shape, and
+bf16-mixed training throughput with MFU on a ~100M-parameter model. Prepared for a GPU session; not run
+yet (no GPU was lent when it was written). Without CUDA it writes a JSON whose figures say "not run".
+
+    OUT=/tmp/out; python benchmarks/gpu_throughput.py --out $OUT/gpu_throughput.json      # ~5 min on an H200
+
+1. Rollout: ``HFEngine.generate`` at batch ``--batch`` (128) on a random-init Qwen2-0.5B shape (hidden 896,
+   24 layers, 14 heads, 2 KV heads, MLP 4864, vocab 151936, bfloat16), 32-token prompts, 64 new tokens at
+   temperature 1: the eager engine (``compile=False``) and the compiled one (static KV cache,
+   ``torch.compile`` of the decoding step, ``mode="reduce-overhead"``: CUDA graphs), interleaved
+   ``--repeats`` times (median), after a warm-up that includes compilation (reported). The issue's
+   reference is 1503 tokens/s for the eager engine at batch 128 on an H200 (rollout_throughput_gpu.json);
+   the goal is >= 5x that.
+2. Training: ``R3LightningModule.optimize`` on a fixed GRPO-shaped batch (64 sequences of up to 512
+   tokens, micro-batches of 16, PPO-clip, token mean) inside ``Trainer.fit`` with
+   ``precision="bf16-mixed"``, a ~100M-parameter Qwen2 (hidden 1024). Tokens/s over all (non-padding)
+   tokens and MFU = 6 x parameters x tokens/s / the device's dense bf16 peak (``--peak-tflops``, or a
+   table of known devices: H200/H100 989 TFLOP/s, A100 312).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from machine_info import machine_info  # noqa: E402
+
+BASELINE_TOKENS_PER_S = 1502.8  # hf engine, batch 128, H200, before the compiled path (rollout_throughput_gpu.json)
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+
+
+def rollout(args) -> dict:
+    from rollout_throughput import build_model, make_prompts
+
+    from r3lightning.models import build_tokenizer
+    from r3lightning.rollout.engine import SamplingParams
+    from r3lightning.rollout.hf_engine import HFEngine
+
+    corpus = [f"What is {a} + {b}? The answer is \\boxed{{{a + b}}}." for a in range(60) for b in range(0, 60, 7)]
+    tokenizer = build_tokenizer(corpus, 1024)
+    policy = build_model("qwen2-0.5b", tokenizer, "bfloat16", "cuda")
+    prompts = make_prompts(tokenizer, args.batch, 32, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=64)
+    engines = {
+        "eager": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False),
+        "compiled": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, compile=True,
+                             compile_mode=args.compile_mode),
+    }
+
+    def run(engine) -> tuple[float, int]:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = engine.generate(prompts, params)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, sum(len(g.token_ids) for g in out)
+
+    warmup_s = {}
+    for name, engine in engines.items():
+        start = time.perf_counter()
+        run(engine)
+        run(engine)
+        warmup_s[name] = round(time.perf_counter() - start, 2)
+        print(f"{name}: warm-up {warmup_s[name]} s", flush=True)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(args.repeats):
+        for name, engine in engines.items():
+            seconds, tokens = run(engine)
+            rates[name].append(tokens / seconds)
+            print(f"{name}: {tokens / seconds:.0f} tokens/s", flush=True)
+    figures = {f"hf_{name}_tokens_per_s_batch{args.batch}": round(statistics.median(r), 1) for name, r in rates.items()}
+    compiled = figures[f"hf_compiled_tokens_per_s_batch{args.batch}"]
+    figures["compiled_over_eager"] = round(compiled / figures[f"hf_eager_tokens_per_s_batch{args.batch}"], 2)
+    figures["compiled_over_issue_baseline"] = round(compiled / BASELINE_TOKENS_PER_S, 2)
+    figures["goal_5x_baseline_met"] = compiled >= 5 * BASELINE_TOKENS_PER_S
+    return {
+        "figures": figures,
+        "config": {
+            "model": "qwen2-0.5b (random init)", "params": sum(p.numel() for p in policy.parameters()),
+            "dtype": "bfloat16", "batch": args.batch, "prompt_tokens": 32, "max_new_tokens": 64, "temperature": 1.0,
+            "repeats": args.repeats, "statistic": "median of interleaved runs", "warmup_s_incl_compile": warmup_s,
+            "compile": engines["compiled"].compile_stats(), "per_repeat_tokens_per_s": rates,
+            "baseline_tokens_per_s": BASELINE_TOKENS_PER_S,
+        },
+    }
+
+
+def training(args) -> dict:
+    import lightning as L
+    from train_throughput import fill_behaviour_logprobs, make_experience, tiny_spec
+
+    from r3lightning.algos.objective import AlgorithmConfig
+    from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
+    from r3lightning.envs.math_env import MathSuite
+    from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, count_parameters
+    from r3lightning.module import R3LightningModule
+    from r3lightning.optim import OptimConfig
+    from r3lightning.rollout.agent_loop import AgentLoopConfig
+
+    class Bench(R3LightningModule):
+        def configure_model(self) -> None:
+            if self.policy is None:
+                self._install(self.bench_policy, self.bench_tokenizer)
+
+        def training_step(self, batch, batch_idx: int) -> None:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            self.last_experience = self.experience
+            self.optimize(self.experience)
+            torch.cuda.synchronize()
+            self.times.append(time.perf_counter() - start)
+
+    suite = MathSuite(source="arithmetic", num_val_tasks=4, instruction="")
+    agent = AgentLoopConfig(action_format="raw", max_context_tokens=args.seq_len)
+    tokenizer = build_tokenizer(corpus_from_suite(suite, agent), vocab_size=1024)
+    spec = tiny_spec(len(tokenizer), 100_000_000, 1024)
+    policy = build_tiny_model(spec, tokenizer, seed=0)
+    params = count_parameters(policy)
+    experience = make_experience(64, args.seq_len, len(tokenizer), tokenizer.pad_token_id, seed=0)
+    fill_behaviour_logprobs(policy, experience, 16)
+    module = Bench(model=ModelConfig(tiny=spec), algorithm=AlgorithmConfig(advantage="grpo", policy_loss="ppo_clip"),
+                   optim=OptimConfig(lr=1e-5, micro_batch_size=16, grad_clip=1.0))
+    module.bench_policy, module.bench_tokenizer, module.experience, module.times = policy, tokenizer, experience, []
+    steps = args.train_warmup + args.train_steps
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(module, RolloutDataModule(suite, group_size=8, tasks_per_step=1, agent=agent))
+    step_s = statistics.median(module.times[args.train_warmup:])
+    tokens = float(experience.attention_mask.sum())
+    peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name(0)), None)
+    figures = {"train_tokens_per_s": round(tokens / step_s, 1), "train_step_s": round(step_s, 4), "params": params}
+    if peak:
+        figures["mfu"] = round(6 * params * tokens / step_s / (peak * 1e12), 4)
+    return {
+        "figures": figures,
+        "config": {"precision": "bf16-mixed", "model": spec.__dict__, "batch_sequences": 64, "seq_len": args.seq_len,
+                   "micro_batch_size": 16, "tokens_per_step": tokens, "steps_timed": args.train_steps,
+                   "peak_bf16_tflops": peak, "mfu_definition": "6 x params x tokens/s / dense bf16 peak",
+                   "step_s_all": module.times},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile-mode", default="reduce-overhead")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--train-steps", type=int, default=5)
+    parser.add_argument("--train-warmup", type=int, default=2)
+    parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the device (TFLOP/s)")
+    parser.add_argument("--skip-train", action="store_true")
+    args = parser.parse_args()
+    result = {"benchmark": "gpu_throughput", "figures": {}, "config": {}, "machine": machine_info()}
+    if not torch.cuda.is_available():
+        result["figures"] = {"rollout": "not run (no CUDA device)", "training": "not run (no CUDA device)"}
+        result["config"] = {"reason": "written on a machine without CUDA; run on a GPU to fill it", "args": vars(args)}
+    else:
+        result["machine"]["gpu"] = torch.cuda.get_device_name(0)
+        errors = []
+        for name, fn in (("rollout", rollout), ("training", training)):
+            if name == "training" and args.skip_train:
+                continue
+            try:
+                part = fn(args)
+                result["figures"][name] = part["figures"]
+                result["config"][name] = part["config"]
+            except Exception as err:  # noqa: BLE001 - one part failing should not lose the other
+                errors.append(f"{name}: {err!r}")
+                result["figures"][name] = f"failed: {err!r}"
+            torch.cuda.empty_cache()
+        result["config"]["errors"] = errors
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(json.dumps(result["figures"], indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

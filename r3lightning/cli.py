@@ -325,8 +325,9 @@ class R3LightningCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _parse_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path last`` (``resolve_last_ckpt_path``) before LightningCLI reads the
-        checkpoint's saved settings, so ``last`` behaves exactly as the file's path would."""
+        """Replaces LightningCLI's (which would re-apply the checkpoint's saved settings silently):
+        resolve ``--ckpt_path last`` (``resolve_last_ckpt_path``), then check the file and compare it
+        with the config (``_check_ckpt_path``), so ``last`` behaves exactly as the file's path would."""
         resolve_last_ckpt_path(self.config)
         self._check_ckpt_path()
 

@@ -14,7 +14,6 @@ import sys
 import traceback
 import warnings
 from argparse import ArgumentError
-from dataclasses import asdict, is_dataclass
 from typing import Any, Literal, Optional
 
 import lightning as L
@@ -25,10 +24,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from r3lightning.checkpoint_io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
-from r3lightning.algos.objective import METHOD_FIELDS
 from r3lightning.checkpoints import read_checkpoint
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
+from r3lightning.resume_check import check_resume, plain
 
 # The CLI names its default callbacks by class path: the package never imports r3lightning.callbacks
 # (the layer above it), so the callbacks can depend on the module and not the other way round.
@@ -167,115 +166,9 @@ def check_config_files(args) -> None:
             raise SystemExit(2) from None
 
 
-# ---- resume: the checkpoint's settings against the parsed config ------------------------------------
-SHAPE_KEYS = ("model.model.name_or_path", "model.model.tiny", "model.model.lora_rank", "model.model.lora_target_modules")
-"""Keys that define the weights' shapes or source: a checkpoint's weights only fit its own values."""
-METHOD_KEYS = (
-    *(f"model.algorithm.{name}" for name in METHOD_FIELDS),
-    "model.model.dtype",
-    "model.model.lora_alpha",
-    "model.model.chat_template",
-    "model.phases.sft_warmup_steps",
-    "model.phases.reset_optimizer_for_rl",
-)
-"""Keys that define the method (the objective's ``METHOD_FIELDS``, the warm-start schedule, the policy's
-dtype, LoRA scaling and chat template): a resume that changes one is a different run, done only on request."""
-RESUME_WITH = ("checkpoint", "config")
-"""``--resume_with``: whose values win where the config and the checkpoint differ on a method key."""
 EVALUATING = ("validate", "test", "predict")
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc")
 """``ckpt_path`` values Lightning resolves itself (no file to check here)."""
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as plain dicts, lists and scalars (config dataclasses and jsonargparse Namespaces too)."""
-    if is_dataclass(value) and not isinstance(value, type):
-        value = asdict(value)
-    elif hasattr(value, "as_dict") and callable(value.as_dict):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if not str(k).startswith("_")}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _flatten(value: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}"))
-        return out
-    return {prefix: value}
-
-
-def _under(key: str, prefixes: tuple[str, ...]) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def _irrelevant(key: str, saved: dict[str, Any], parsed: dict[str, Any]) -> bool:
-    """A difference that changes nothing: the tiny spec of a pretrained model, LoRA settings without LoRA."""
-    both = lambda name: (saved.get(name), parsed.get(name))  # noqa: E731
-    if key.startswith("model.model.tiny.") and all(both("model.model.name_or_path")):
-        return True
-    lora = ("model.model.lora_alpha", "model.model.lora_target_modules")
-    return _under(key, lora) and not any(both("model.model.lora_rank"))
-
-
-def resume_differences(saved_hparams: Any, parsed_model: Any) -> dict[str, list[tuple[str, Any, Any]]]:
-    """Where a checkpoint's saved ``model:`` init arguments and the parsed ``model:`` section differ:
-    ``{"shape": [...], "method": [...], "tuning": [...]}`` of ``(key, checkpoint value, config value)``,
-    keys as ``r3l`` spells them (``model.algorithm.advantage``). Keys the checkpoint does not record
-    (fields added since it was written) are left out."""
-    saved = _flatten(_plain(saved_hparams), "model")
-    parsed = _flatten(_plain(parsed_model), "model")
-    found: dict[str, list[tuple[str, Any, Any]]] = {"shape": [], "method": [], "tuning": []}
-    for key, value in parsed.items():
-        if key not in saved or saved[key] == value or _irrelevant(key, saved, parsed):
-            continue
-        kind = "shape" if _under(key, SHAPE_KEYS) else "method" if _under(key, METHOD_KEYS) else "tuning"
-        found[kind].append((key, saved[key], value))
-    return found
-
-
-def _listing(rows: list[tuple[str, Any, Any]]) -> str:
-    return "; ".join(f"{key} (checkpoint: {old!r}, config: {new!r})" for key, old, new in rows)
-
-
-def check_resume(ckpt_path: str, saved_hparams: Any, parsed_model: Any, resume_with: Optional[str]) -> tuple[bool, str]:
-    """Decide a resume from ``ckpt_path`` whose saved ``model:`` section is ``saved_hparams``, under
-    ``--resume_with``. Returns (apply the checkpoint's values?, a note to print or ""); raises ValueError
-    (one line naming every differing key with both values) when the run cannot go on as configured.
-
-    - default (None): shape or method keys that differ are an error; tuning keys (learning rate,
-      micro-batching, engine, logging, ...) take the config's values, and the note lists them.
-    - ``checkpoint``: every ``model:`` key takes the checkpoint's value; the note lists what it replaced.
-    - ``config``: the config's values win, method keys included; shape keys still must match (the
-      checkpoint's weights would not fit)."""
-    diff = resume_differences(saved_hparams, parsed_model)
-    where = f"--ckpt_path {ckpt_path!r}"
-    if resume_with == "checkpoint":
-        replaced = diff["shape"] + diff["method"] + diff["tuning"]
-        note = f"[r3lightning] resume: the checkpoint's values replace the config's for {_listing(replaced)}" if replaced else ""
-        return True, note
-    if diff["shape"]:
-        rows = diff["shape"] + diff["method"]
-        hint = (
-            "its weights cannot take this shape; resume with --resume_with checkpoint, or start a new run from "
-            "its policy (r3l export, then model.model.name_or_path)"
-            if resume_with == "config"
-            else "resume with --resume_with checkpoint to take the checkpoint's values"
-        )
-        raise ValueError(f"{where}: the config differs from the checkpoint on the model's shape or source: {_listing(rows)}; {hint}")
-    if diff["method"] and resume_with != "config":
-        raise ValueError(
-            f"{where}: the config differs from the checkpoint on keys that define the method: {_listing(diff['method'])}; "
-            "resume with --resume_with checkpoint to take the checkpoint's values, or --resume_with config to "
-            "continue its weights and optimizer under this config's method"
-        )
-    changed = diff["method"] + diff["tuning"]
-    note = f"[r3lightning] resume: the config's values replace the checkpoint's for {_listing(changed)}" if changed else ""
-    return False, note
 
 
 def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
@@ -408,7 +301,7 @@ class R3LightningCLI(LightningCLI):
         if note:
             rank_zero_print(note)
         if apply:
-            self.config = self.parser.parse_object({subcommand: {"model": _plain(hparams)}}, self.config)
+            self.config = self.parser.parse_object({subcommand: {"model": plain(hparams)}}, self.config)
 
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(

@@ -27,6 +27,7 @@ LAYERS = {
     "r3lightning.module": 4,
     "r3lightning.cli": 5,
     "r3lightning.export": 5,
+    "r3lightning.resume_check": 5,
     "r3lightning.callbacks": 6,
 }
 NAMES = {0: "algos", 1: "envs", 2: "rollout", 3: "data", 4: "module", 5: "cli", 6: "callbacks"}

@@ -14,7 +14,8 @@ import yaml
 from harness import CONFIGS, TINY_CLI_RUN, TINY_SPEC
 
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.cli import check_resume, main, resume_differences
+from r3lightning.cli import main
+from r3lightning.resume_check import check_resume, resume_differences
 from r3lightning.models import ModelConfig
 
 def r3l(root: Path, capsys, *args):

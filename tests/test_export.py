@@ -48,9 +48,9 @@ def logits(model, tokenizer):
     return [model(input_ids=ids).logits for ids in token_batches(tokenizer)]
 
 
-def assert_same_logits(exported, policy, tokenizer, atol=1e-6):
+def assert_same_logits(exported, policy, tokenizer, atol=1e-6, rtol=0.0):
     for got, expected in zip(logits(exported, tokenizer), logits(policy, tokenizer)):
-        torch.testing.assert_close(got, expected, rtol=0, atol=atol)
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
 
 
 CASES = {
@@ -150,7 +150,8 @@ def test_adapter_export_loads_with_peft(lora_on_local_base):
 def test_merged_export_of_a_local_base_run(lora_on_local_base):
     ckpt, _, policy, tokenizer, root = lora_on_local_base
     out = export_checkpoint(ckpt, str(root / "merged"))
-    assert_same_logits(AutoModelForCausalLM.from_pretrained(out), policy, tokenizer)
+    # W + s·BA is rounded once more than the adapter path: logits of magnitude ~10 land ~1e-6 apart.
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(out), policy, tokenizer, rtol=1e-6)
 
 
 def test_bfloat16_policy_stays_bfloat16(lora_on_local_base, tmp_path):

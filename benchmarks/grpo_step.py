@@ -101,8 +101,30 @@ def write_model(directory: Path) -> dict:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    return {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer), **SHAPE,
-            "dtype": str(torch.float32).replace("torch.", "")}
+    prompt_lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                        tokenize=True, return_dict=True)["input_ids"]) for q, _ in problems()]
+    matmul = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name)
+    matmul += model.get_input_embeddings().weight.numel()  # the tied LM head
+    return {"params": sum(p.numel() for p in model.parameters()), "matmul_params": matmul, "vocab": len(tokenizer),
+            **SHAPE, "dtype": str(torch.float32).replace("torch.", ""),
+            "mean_prompt_tokens": sum(prompt_lengths) / len(prompt_lengths)}
+
+
+def flop_limits(model_info: dict) -> dict:
+    """Seconds the rollout and the training update would take at this machine's matmul rate (matmul FLOPs
+    only, attention ignored; every completion taken at the full 32 tokens, as a random model nearly always
+    runs to the budget): rollout 2 x matmul params x (8 distinct prompts + 64 x 32 generated tokens),
+    train 6 x matmul params x 64 x (prompt + 32)."""
+    sys.path.insert(0, str(HERE))
+    import torch
+    from rollout_throughput import matmul_rate
+
+    rate = matmul_rate(torch.float32, "cpu")["flops_per_s"]
+    n, prompt = model_info["matmul_params"], model_info["mean_prompt_tokens"]
+    rollout = 2 * n * (TASKS * prompt + TASKS * GROUP * NEW_TOKENS)
+    train = 6 * n * TASKS * GROUP * (prompt + NEW_TOKENS)
+    return {"matmul_gflops": round(rate / 1e9, 1), "rollout_s": rollout / rate, "train_s": train / rate,
+            "rollout_gflop": round(rollout / 1e9, 2), "train_gflop": round(train / 1e9, 2)}
 
 
 # ---- r3lightning workers ---------------------------------------------------------------------------------
@@ -399,6 +421,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="grpo-step-model-") as model_dir:
         model_info = write_model(Path(model_dir))
+        limits_before = flop_limits(model_info)
         for repeat in range(args.repeats):
             for variant in variants:
                 worker = variant.removesuffix("_before").removesuffix("_alt")
@@ -423,20 +446,31 @@ def main() -> None:
         figures["hf_alt_over_hf_rollout"] = round(figures["hf_alt_rollout_s"] / figures["hf_rollout_s"], 3)
         figures["hf_alt_over_hf_step_repeats"] = [
             round(a["median"]["step"] / b["median"]["step"], 3) for a, b in zip(runs["hf_alt"], runs["hf"])]
+    limits_after = flop_limits(model_info)
+    limits = {**limits_after, "matmul_gflops_start_end": [limits_before["matmul_gflops"], limits_after["matmul_gflops"]]}
+    for key in ("rollout_s", "train_s"):
+        limits[key] = (limits_before[key] + limits_after[key]) / 2
+    for variant in runs:
+        for part in ("rollout", "train"):
+            if f"{variant}_{part}_s" in figures:
+                figures[f"{variant}_{part}_over_flop_limit"] = round(figures[f"{variant}_{part}_s"] / limits[f"{part}_s"], 2)
     for variant in runs:
         before = f"{variant}_before"
         if runs.get(before) and runs[variant]:
             ratios = [r["median"]["step"] / b["median"]["step"] for r, b in zip(runs[variant], runs[before])]
             figures[f"{variant}_over_{before}_step"] = round(figures[f"{variant}_step_s"] / figures[f"{before}_step_s"], 3)
             figures[f"{variant}_over_{before}_step_repeats"] = [round(x, 3) for x in ratios]
+            figures[f"{variant}_over_{before}_step_median_of_repeats"] = round(statistics.median(ratios), 3)
         if "trl_step_s" in figures and f"{variant}_step_s" in figures and variant != "trl":
             ratios = [r["median"]["step"] / t["median"]["step"] for r, t in zip(runs[variant], runs["trl"])]
             figures[f"{variant}_over_trl_step"] = round(figures[f"{variant}_step_s"] / figures["trl_step_s"], 3)
             figures[f"{variant}_over_trl_step_repeats"] = [round(x, 3) for x in ratios]
+            figures[f"{variant}_over_trl_step_median_of_repeats"] = round(statistics.median(ratios), 3)
     extras = {v: [{k: r[k] for k in r if k not in ("steps", "median")} for r in results] for v, results in runs.items()}
     measurement = {
         "figures": figures,
         "per_step": {v: [r["steps"] for r in results] for v, results in runs.items()},
+        "flop_limits": limits,
         "workers": extras,
         "repo": args.repo,
         "before_repo": args.before_repo,

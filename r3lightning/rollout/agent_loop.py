@@ -12,6 +12,7 @@ import math
 import queue
 import re
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
@@ -137,12 +138,44 @@ def render_action(action: str, config: AgentLoopConfig) -> str:
     return action
 
 
+class _CallBatch:
+    """Calls a worker thread runs one after another; each is claimed (and timed from) when it starts."""
+
+    def __init__(self, calls: list[tuple[Callable, tuple]]) -> None:
+        self.calls = calls
+        self.lock = threading.Lock()
+        self.claimed = 0  # calls started so far
+        self.abandoned = False  # the caller stopped waiting: start no further call
+        self.started = [threading.Event() for _ in calls]
+        self.done = [threading.Event() for _ in calls]
+        self.start_times = [0.0] * len(calls)
+        self.boxes: list[dict] = [{} for _ in calls]
+
+    def run(self) -> None:
+        while True:
+            with self.lock:
+                if self.abandoned or self.claimed >= len(self.calls):
+                    return
+                index = self.claimed
+                self.claimed += 1
+                self.start_times[index] = time.monotonic()
+            self.started[index].set()
+            fn, args = self.calls[index]
+            try:
+                self.boxes[index]["value"] = fn(*args)
+            except BaseException as err:  # handed to the caller's thread
+                self.boxes[index]["error"] = err
+            self.done[index].set()
+
+
 class _EnvCaller:
-    """``call_with_timeout``'s contract (``r3lightning.envs.safety``): the call runs in a daemon thread,
-    its exceptions are re-raised here, and past ``timeout_s`` it is abandoned with ``CallTimeout``; but
-    one long-lived thread serves every call instead of a new thread per call (starting a thread cost
-    ~0.3-1 ms on a busy 2-core machine, two per episode; a hand-off costs ~10 us). A thread whose call
-    timed out is abandoned (it exits once the call returns, if ever); the next call starts a new one.
+    """``call_with_timeout``'s contract (``r3lightning.envs.safety``) for every environment call: it
+    runs in a daemon thread, its exceptions reach the caller, and past ``timeout_s`` (counted from its
+    own start) it is abandoned with ``CallTimeout``. But one long-lived thread serves the calls, and
+    ``call_each`` hands it a whole turn's calls at once: starting a thread per call cost ~0.3-1 ms on
+    a busy 2-core machine, and even a hand-off per call (~0.3 ms there: two thread wake-ups) was a
+    per-episode cost no batch size shrinks. A thread whose call timed out is abandoned (it exits once
+    that call returns, if ever, and starts no other); the calls it had not started go to a new one.
     """
 
     def __init__(self) -> None:
@@ -151,34 +184,62 @@ class _EnvCaller:
     @staticmethod
     def _serve(inbox: queue.SimpleQueue) -> None:
         while True:
-            job = inbox.get()
-            if job is None:
+            batch = inbox.get()
+            if batch is None:
                 return
-            fn, args, box, done = job
-            try:
-                box["value"] = fn(*args)
-            except BaseException as err:  # re-raised in the caller's thread
-                box["error"] = err
-            done.set()
-            if box.get("abandoned"):
+            batch.run()
+            if batch.abandoned:
                 return
 
     def __call__(self, fn: Callable, *args, timeout_s: Optional[float]):
         if timeout_s is None:
             return fn(*args)
-        if self._inbox is None:
-            self._inbox = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(self._inbox,), daemon=True, name="r3l-env-call").start()
-        box: dict = {}
-        done = threading.Event()
-        self._inbox.put((fn, args, box, done))
-        if not done.wait(timeout_s):
-            box["abandoned"] = True
-            self._inbox = None
-            raise CallTimeout(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s")
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
+        ok, value = self.call_each([(fn, args)], timeout_s)[0]
+        if not ok:
+            raise value
+        return value
+
+    def call_each(self, calls: list[tuple[Callable, tuple]], timeout_s: Optional[float]) -> list[tuple[bool, object]]:
+        """``(True, result)`` or ``(False, exception)`` for every ``(fn, args)``, in order."""
+        if timeout_s is None:
+            out: list[tuple[bool, object]] = []
+            for fn, args in calls:
+                try:
+                    out.append((True, fn(*args)))
+                except Exception as err:  # noqa: BLE001 - handed back like a worker's exception
+                    out.append((False, err))
+            return out
+        results: list[tuple[bool, object]] = []
+        while len(results) < len(calls):
+            batch = _CallBatch(calls[len(results):])
+            if self._inbox is None:
+                self._inbox = queue.SimpleQueue()
+                threading.Thread(target=self._serve, args=(self._inbox,), daemon=True, name="r3l-env-call").start()
+            self._inbox.put(batch)
+            results.extend(self._collect(batch, timeout_s))
+        return results
+
+    def _collect(self, batch: _CallBatch, timeout_s: float) -> list[tuple[bool, object]]:
+        """Outcomes of ``batch``'s calls in order, up to the calls its worker started before one of them
+        timed out (the rest are left for a new worker)."""
+        out: list[tuple[bool, object]] = []
+        for index, (fn, _) in enumerate(batch.calls):
+            with batch.lock:
+                if batch.abandoned and index >= batch.claimed:
+                    break  # never started by the abandoned worker
+            batch.started[index].wait()  # the previous call returned, so the worker starts this one now
+            left = timeout_s - (time.monotonic() - batch.start_times[index])
+            if not batch.done[index].wait(max(left, 0.0)):
+                with batch.lock:
+                    batch.abandoned = True
+                self._inbox = None
+                out.append((False, CallTimeout(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s")))
+                continue
+            box = batch.boxes[index]
+            if "error" in box and not isinstance(box["error"], Exception):
+                raise box["error"]  # KeyboardInterrupt, SystemExit... as call_with_timeout re-raises them
+            out.append((False, box["error"]) if "error" in box else (True, box.get("value")))
+        return out
 
     def __del__(self) -> None:
         if self._inbox is not None:
@@ -353,11 +414,15 @@ class AgentLoop:
         return observation
 
     def _step(self, ep: _Episode, action: str) -> Optional[StepResult]:
-        """Every environment step, live or replayed, goes through here, so rejected actions are counted once."""
-        try:
-            result = self._call(ep.env.step, action, timeout_s=self.config.step_timeout_s)
-        except (CallTimeout, Exception) as err:
-            self._env_failed(ep, err)
+        """A replayed environment step (live ones are batched in ``_play_turn``); both end in ``_step_outcome``."""
+        return self._step_outcome(ep, self._call.call_each([(ep.env.step, (action,))], self.config.step_timeout_s)[0])
+
+    def _step_outcome(self, ep: _Episode, outcome: tuple[bool, object]) -> Optional[StepResult]:
+        """Every environment step, live or replayed, ends here, so rejected actions are counted once: the
+        result, or None when the step raised or timed out (the episode then ends as an environment error)."""
+        ok, result = outcome
+        if not ok:
+            self._env_failed(ep, result)
             return None
         check_step_result(result, ep.env, ep.request.task)
         ep.rejected_actions += int(bool(result.info.get("invalid_action")))
@@ -379,6 +444,7 @@ class AgentLoop:
         if not playable:
             return
         generations = respond(playable)
+        stepping: list[tuple[_Episode, Generation, Turn, str]] = []
         for ep, gen in zip(playable, generations):
             if gen is None:
                 ep.done, ep.end_reason = True, "script_end"
@@ -420,7 +486,11 @@ class AgentLoop:
                 self._after_turn(ep, gen.finish_reason, StepResult(feedback, ep.reward, False, {"feedback": feedback}))
                 continue
             turn.action = action
-            result = self._step(ep, action)
+            stepping.append((ep, gen, turn, action))
+        # The turn's environment steps go to the env-call thread in one hand-off (each keeps its deadline).
+        outcomes = self._call.call_each([(ep.env.step, (action,)) for ep, _, _, action in stepping], self.config.step_timeout_s)
+        for (ep, gen, turn, _), outcome in zip(stepping, outcomes):
+            result = self._step_outcome(ep, outcome)
             if result is None:
                 continue
             turn.feedback = result.feedback

@@ -10,9 +10,12 @@
 #    Qwen2-0.5B-shaped model -> $OUT/rollout_throughput_gpu.json
 # 3. Training-update throughput (ours vs a plain PyTorch loop) on a ~100M-parameter model, fp32
 #    -> $OUT/train_throughput_gpu.json
+# 4. The hf engine's decoding at batch 128 on the 0.5B shape, eager vs compiled (static KV cache +
+#    CUDA graphs), and bf16-mixed training throughput with MFU on ~100M parameters
+#    -> $OUT/gpu_throughput.json
 #
 # Uses the machine's own python3 and packages (torch with CUDA, transformers, lightning; nothing is
-# installed). About 5 minutes on an H200.
+# installed). About 8 minutes on an H200 (the compiled decoding compiles for a minute or two).
 set -uo pipefail
 OUT=${OUT:-$PWD/benchmarks/results}
 mkdir -p "$OUT"
@@ -34,4 +37,7 @@ timeout 200 "$PY" benchmarks/rollout_throughput.py --preset gpu-0.5b --no-enforc
 echo "== 3. train throughput"
 timeout 150 "$PY" benchmarks/train_throughput.py --accelerator gpu --target-params 100000000 --hidden-size 1024 --batch-size 64 \
   --seq-len 512 --micro-batch-size 16 --repeats 5 --out "$OUT/train_throughput_gpu.json" 2>&1 | tail -n 25 || status=1
+
+echo "== 4. compiled decoding and bf16-mixed MFU"
+timeout 240 "$PY" benchmarks/gpu_throughput.py --out "$OUT/gpu_throughput.json" 2>&1 | tail -n 25 || status=1
 exit $status

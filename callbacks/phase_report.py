@@ -217,6 +217,9 @@ class PhaseReport(L.Callback):
         if self.last_validation_file is not None:
             lines.append(f"  last validation: {self.last_validation_file} (and .md)")
         lines.append(f"  summary: {report_path}")
+        checkpoint = next((c.last_model_path for c in getattr(trainer, "callbacks", []) if getattr(c, "last_model_path", "")), None)
+        if checkpoint:  # what a user resumes from (--ckpt_path last) or exports (r3l export --ckpt_path)
+            lines.append(f"  last checkpoint: {checkpoint}")
         lines.append(f"  progress plot: {plot_path}" if plot_path else f"  {plot_note}")
         print("\n".join(lines), flush=True)
 

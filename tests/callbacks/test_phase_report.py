@@ -116,3 +116,13 @@ def test_a_recipes_seed_spread_is_printed_beside_the_runs_figures(tmp_path, caps
     assert "75.0% /  50.0%   (this recipe, greedy: 50.0% ± 25.0 over 3 seeds (25.0-75.0))" in printed
     assert "seed spread measured in docs/results.md" in printed
     assert spread_text([]) == ""
+
+
+def test_the_summary_names_the_last_checkpoint(tmp_path, capsys):
+    report = PhaseReport()
+    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=10))
+    report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
+    trainer = _trainer(tmp_path, 20, {})
+    trainer.callbacks = [SimpleNamespace(), SimpleNamespace(last_model_path=str(tmp_path / "checkpoints" / "last.ckpt"))]
+    report.on_fit_end(trainer, module)
+    assert f"last checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().out

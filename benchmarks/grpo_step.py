@@ -128,6 +128,20 @@ def flop_limits(model_info: dict) -> dict:
 
 
 # ---- r3lightning workers ---------------------------------------------------------------------------------
+def time_method(obj, name: str, timings: dict[str, float], part: str) -> None:
+    """Replace ``obj.name`` by a wrapper that adds each call's wall time to ``timings[part]``."""
+    fn = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            timings[part] += time.perf_counter() - start
+
+    setattr(obj, name, wrapper)
+
+
 def r3l_worker(args) -> dict:
     repo = Path(args.repo).resolve()
     sys.path.insert(0, str(repo))
@@ -204,31 +218,12 @@ def r3l_worker(args) -> dict:
         from r3lightning.callbacks import VLLMWeightSync
 
         sync = VLLMWeightSync(check_every_n=0)
-        original_sync = sync.sync
-
-        def timed_sync(*a, **k):
-            start = time.perf_counter()
-            try:
-                return original_sync(*a, **k)
-            finally:
-                timings["sync"] += time.perf_counter() - start
-
-        sync.sync = timed_sync
+        time_method(sync, "sync", timings, "sync")
         callbacks.append(sync)
 
-    def timed(fn, part):
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                timings[part] += time.perf_counter() - start
-
-        return wrapper
-
-    data.rollout = timed(data.rollout, "rollout")
-    module.optimize = timed(module.optimize, "train")
-    module_lib.make_experience = timed(module_lib.make_experience, "experience")
+    time_method(data, "rollout", timings, "rollout")
+    time_method(module, "optimize", timings, "train")
+    time_method(module_lib, "make_experience", timings, "experience")
     steps: list[dict] = []
     marks: list[tuple[float, dict]] = []
 
@@ -293,22 +288,10 @@ def trl_worker(args) -> dict:
     )
     trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=dataset, processing_class=tokenizer)
 
-    def timed(obj, name, part):
-        fn = getattr(obj, name)
-
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                timings[part] += time.perf_counter() - start
-
-        setattr(obj, name, wrapper)
-
     gen_name = "_generate" if hasattr(trainer, "_generate") else "_generate_single_turn"
-    timed(trainer, gen_name, "rollout")
-    timed(trainer, "_generate_and_score_completions", "experience")  # minus rollout and reward, below
-    timed(trainer, "training_step", "train")  # minus the generation it triggers, below
+    time_method(trainer, gen_name, timings, "rollout")
+    time_method(trainer, "_generate_and_score_completions", timings, "experience")  # minus rollout and reward, below
+    time_method(trainer, "training_step", timings, "train")  # minus the generation it triggers, below
     marks: list[tuple[float, dict]] = []
 
     class Clock(TrainerCallback):

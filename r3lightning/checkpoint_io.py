@@ -55,13 +55,10 @@ def atomic_write(path: str, write: Callable[[Any], None]) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
     except BaseException:
-        try:
-            os.remove(temporary)
-        except OSError:
-            pass
+        _remove_quietly(temporary)
         raise
+    _replace(temporary, path)
     _fsync_directory(os.path.dirname(path))
 
 
@@ -80,14 +77,23 @@ def atomic_link(source: str, path: str) -> None:
         with open(source, "rb") as src:
             atomic_write(path, lambda handle: _copy(src, handle))
         return
+    _replace(temporary, path)
+
+
+def _replace(temporary: str, path: str) -> None:
+    """Rename ``temporary`` over ``path``; on failure remove ``temporary`` (nothing partial is left)."""
     try:
         os.replace(temporary, path)
     except BaseException:
-        try:
-            os.remove(temporary)
-        except OSError:
-            pass
+        _remove_quietly(temporary)
         raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _copy(src, dst, chunk: int = 1 << 24) -> None:

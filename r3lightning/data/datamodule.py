@@ -13,7 +13,6 @@ step asks for one thing, ``rollout(batch, phase)``, and gets an ``Exploration`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from r3lightning.envs.base import Task, TaskSuite
+from r3lightning.envs.math_sources import numbered_jsonl_rows
 from r3lightning.rollout.agent_loop import (
     INVALID_FORMAT_FEEDBACK,
     AgentLoop,
@@ -333,24 +333,17 @@ def load_chat_jsonl(path: str) -> list[list[dict]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data.demos.source: no such file {path!r}")
     rows = []
-    with open(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
-            messages = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(messages, list) or not messages:
-                raise ValueError(f"{path}, row {number}: field 'messages' (a non-empty list) is missing")
-            for m in messages:
-                if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                    raise ValueError(f"{path}, row {number}: field 'messages' has an entry without a valid role/content")
-            if not any(m["role"] == "assistant" for m in messages):
-                raise ValueError(f"{path}, row {number}: field 'messages' has no assistant message to train on")
-            check_role_order([m["role"] for m in messages], f"{path}, row {number}")
-            rows.append(messages)
+    for number, row in numbered_jsonl_rows(path):
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"{path}, row {number}: field 'messages' (a non-empty list) is missing")
+        for m in messages:
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                raise ValueError(f"{path}, row {number}: field 'messages' has an entry without a valid role/content")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise ValueError(f"{path}, row {number}: field 'messages' has no assistant message to train on")
+        check_role_order([m["role"] for m in messages], f"{path}, row {number}")
+        rows.append(messages)
     if not rows:
         raise ValueError(f"data.demos.source: {path!r} has no rows")
     return rows

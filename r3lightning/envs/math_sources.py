@@ -104,22 +104,28 @@ def _required_field(row: dict[str, Any], field: str, origin: str, index: int) ->
     return str(value)
 
 
-def read_jsonl_rows(path: str) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file; blank lines are skipped.
+def numbered_jsonl_rows(path: str) -> list[tuple[int, Any]]:
+    """(1-based line number, parsed value) of each non-blank line of a JSON-lines file, so that later
+    checks can name the row.
 
-    Raises FileNotFoundError naming ``path``; ValueError naming the line of invalid JSON.
+    Raises FileNotFoundError naming ``path``; ValueError naming the file and row of invalid JSON.
     """
     file = _existing_file(path)
     rows = []
     with file.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+        for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: line {line_number} is not valid JSON ({error})") from error
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
     return rows
+
+
+def read_jsonl_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file; blank lines are skipped (errors as ``numbered_jsonl_rows``)."""
+    return [row for _, row in numbered_jsonl_rows(path)]
 
 
 def read_parquet_rows(path: str) -> list[dict[str, Any]]:

@@ -19,12 +19,12 @@ The reflective prompt is built here only (``reflective_prompt``), so the reflect
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable, Optional
 
 from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
 from r3lightning.envs.common import finite_index
+from r3lightning.envs.math_sources import numbered_jsonl_rows
 
 DEFAULT_REFLECTIVE_TEMPLATE = (
     "{question}\nA previous answer, which is wrong:\n{attempt}\n"
@@ -52,18 +52,11 @@ def read_pool(path: str) -> list[dict[str, Any]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GNT pool: no such file {path!r} (write it with `r3l gnt-pool ... --out {path}`)")
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
-            missing = [f for f in POOL_FIELDS if not isinstance(row, dict) or f not in row]
-            if missing:
-                raise ValueError(f"{path}, row {number}: not a GNT pool row (no field {missing[0]!r})")
-            rows.append(row)
+    for number, row in numbered_jsonl_rows(path):
+        missing = [f for f in POOL_FIELDS if not isinstance(row, dict) or f not in row]
+        if missing:
+            raise ValueError(f"{path}, row {number}: not a GNT pool row (no field {missing[0]!r})")
+        rows.append(row)
     return rows
 
 

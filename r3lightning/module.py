@@ -21,8 +21,11 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from r3lightning import algos
+from r3lightning.algos.logprobs import scored_window_start
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
 from r3lightning.data.collate import collate_experience
@@ -87,6 +90,10 @@ class R3LightningModule(L.LightningModule):
         self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
         self.last_ranking_bonus = 0.0
+        # Training forwards: tokens run through the model vs in the rows (this step), and micro-batches whose
+        # shared prefix had to be recomputed per row (the fallback, counted over the run).
+        self.forward_tokens = {"forwarded": 0, "in_rows": 0}
+        self.prefix_sharing_off = 0
         # One MeanMetric per validation figure (``data.evaluation.validation_names``), added in ``setup``
         # once the datamodule's ``val_samples`` is known; averaged over tasks and ranks.
         self.val_metrics = torch.nn.ModuleDict()
@@ -263,10 +270,65 @@ class R3LightningModule(L.LightningModule):
             tensor = self.trainer.strategy.reduce(tensor, reduce_op="sum")
         return float(tensor.item())
 
-    def sequence_logprobs(self, model: torch.nn.Module, batch: ExperienceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [b, T-1] of tokens 1.. at the batch's sampling temperature, the model's own logits [b, T-1, V])."""
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-        return algos.selective_log_softmax(tempered(logits, batch.temperature), batch.input_ids[:, 1:]), logits
+    def sequence_logprobs(
+        self, model: torch.nn.Module, batch: ExperienceBatch, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs [b, T-1-start] of tokens start+1.. at the batch's sampling temperature, the model's own
+        logits [b, T-1-start, V]); the first ``start`` predictions are not computed (``window_logits``)."""
+        logits = self.window_logits(model, batch.input_ids, batch.attention_mask, start)
+        return algos.selective_log_softmax(tempered(logits, batch.temperature), batch.input_ids[:, 1 + start :]), logits
+
+    def window_logits(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """Logits [b, T-1-start, V] of predictions start..T-2 (of tokens start+1..T-1) for right-padded rows
+        [b, T] whose first ``start`` tokens are real (``scored_window_start``).
+
+        Logits are computed only where a loss reads them. Rows that share their first ``start`` tokens (a
+        GRPO group's prompt) have them encoded once: a forward over the distinct prefixes keeps their keys
+        and values, every row reads its prefix's as its cache, and a second forward runs the rest of the
+        rows. Gradients flow back through the cache into the prefix's forward, so this is the full forward's
+        computation, batched differently (equal up to float rounding: tests/module/test_window_logits.py).
+        """
+        rows, width = input_ids.shape
+        self.forward_tokens["in_rows"] += rows * width
+        if start > 0:
+            prefixes, row_of = torch.unique(input_ids[:, :start], dim=0, return_inverse=True)
+            if len(prefixes) < rows:
+                if self._can_share_prefix(model):
+                    cache = DynamicCache(config=model.config)
+                    model(input_ids=prefixes, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    for layer in cache.layers:
+                        layer.keys, layer.values = layer.keys[row_of], layer.values[row_of]
+                    self.forward_tokens["forwarded"] += len(prefixes) * start + rows * (width - start)
+                    keep = torch.arange(width - 1 - start, device=input_ids.device)
+                    return model(
+                        input_ids=input_ids[:, start:], attention_mask=attention_mask, past_key_values=cache,
+                        use_cache=True, logits_to_keep=keep,
+                    ).logits
+                self.prefix_sharing_off += 1
+        self.forward_tokens["forwarded"] += rows * width
+        keep = torch.arange(start, width - 1, device=input_ids.device)
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+
+    def _can_share_prefix(self, model: torch.nn.Module) -> bool:
+        """Whether a prefix's keys and values can be handed to rows as a plain per-layer cache: not with
+        gradient checkpointing (a recomputed layer would append to the cache twice), not under FSDP (two
+        forwards of each unit before one backward), not for sliding-window or linear-attention layers."""
+        if getattr(model, "is_gradient_checkpointing", False):
+            return False
+        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+            return False
+        try:
+            layers = DynamicCache(config=model.config).layers
+        except Exception:  # noqa: BLE001 - an unusual config: recompute the prefix per row
+            return False
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    @staticmethod
+    def window_start(batch: ExperienceBatch) -> int:
+        """Leading predictions of ``batch`` that no loss reads (RL or SFT tokens)."""
+        return scored_window_start((batch.loss_mask > 0) | (batch.sft_mask > 0), batch.attention_mask)
 
     @torch.no_grad()
     def _fill_logprobs(self, experience: ExperienceBatch, micro_batches: list[torch.Tensor]) -> None:
@@ -282,18 +344,19 @@ class R3LightningModule(L.LightningModule):
             cols = micro.input_ids.shape[1]
             if cols < 2:  # no token to score (episodes that ended before their first turn)
                 continue
+            start = self.window_start(micro)  # unscored columns keep what they hold
             if cfg.recompute_old_logprobs:
-                logp, _ = self.sequence_logprobs(self.policy, micro)
+                logp, _ = self.sequence_logprobs(self.policy, micro, start)
                 # Replayed rows keep the log-probs of the policy that sampled them: their ratio is the point.
                 sampled = torch.tensor([b == "sampled" for b in micro.behaviour_of_rows()]).unsqueeze(1)
-                kept = experience.old_logprobs[rows, 1:cols]
-                experience.old_logprobs[rows, 1:cols] = torch.where(sampled, logp.float().cpu(), kept)
+                kept = experience.old_logprobs[rows, 1 + start : cols]
+                experience.old_logprobs[rows, 1 + start : cols] = torch.where(sampled, logp.float().cpu(), kept)
             if need_ref:
                 ref_model = self.reference if self.reference is not None else self.policy
                 context = self.policy.disable_adapter() if self.reference is None else contextlib.nullcontext()
                 with context:
-                    logp, _ = self.sequence_logprobs(ref_model, micro)
-                ref[rows, 1:cols] = logp.float().cpu()
+                    logp, _ = self.sequence_logprobs(ref_model, micro, start)
+                ref[rows, 1 + start : cols] = logp.float().cpu()
         if ref is not None:
             experience.ref_logprobs = ref[:, :width]
 
@@ -308,6 +371,7 @@ class R3LightningModule(L.LightningModule):
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate()
         micro_batches = experience.micro_batches(self.optim_config.micro_batch_size)
+        self.forward_tokens = {"forwarded": 0, "in_rows": 0}
         self._fill_logprobs(experience, micro_batches)
         rl_mask = experience.loss_mask[:, 1:]
         totals = {
@@ -332,6 +396,8 @@ class R3LightningModule(L.LightningModule):
                     sums[name] = max(sums.get(name, value), value) if name == "ratio_max" else sums.get(name, 0.0) + value
             self._sum_gradients_over_ranks()
             stats = self._finish_update(optimizer, sums)
+        stats["perf/train_forward_token_frac"] = self.forward_tokens["forwarded"] / max(self.forward_tokens["in_rows"], 1)
+        stats["perf/train_prefix_sharing_off"] = float(self.prefix_sharing_off)
         return stats
 
     def _anchor_reference_to_policy(self) -> None:
@@ -390,14 +456,15 @@ class R3LightningModule(L.LightningModule):
         self.teacher_kl_coef = coef
         self.teacher_kl_estimator = estimator
 
-    def teacher_kl(self, micro: ExperienceBatch, logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Per-token KL(π_θ ‖ π_teacher) [b, T-1] at the batch's sampling temperature."""
+    def teacher_kl(self, micro: ExperienceBatch, logp: torch.Tensor, logits: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Per-token KL(π_θ ‖ π_teacher) [b, T-1-start] at the batch's sampling temperature (``logp``, ``logits``:
+        the policy's from ``sequence_logprobs(..., start)``)."""
         with torch.no_grad():
-            teacher_logits = self.teacher(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+            teacher_logits = self.window_logits(self.teacher, micro.input_ids, micro.attention_mask, start)
         student, teacher = tempered(logits, micro.temperature), tempered(teacher_logits, micro.temperature)
         if self.teacher_kl_estimator == "exact":
             return algos.full_kl(student, teacher)
-        teacher_logp = algos.selective_log_softmax(teacher, micro.input_ids[:, 1:])
+        teacher_logp = algos.selective_log_softmax(teacher, micro.input_ids[:, 1 + start :])
         return algos.kl_estimate(logp, teacher_logp, "k3")
 
     def micro_batch_loss(self, micro: ExperienceBatch, totals: dict[str, float]) -> dict[str, torch.Tensor]:
@@ -408,10 +475,13 @@ class R3LightningModule(L.LightningModule):
             # context). A zero loss through an ordinary forward keeps DDP/FSDP gradient reduction in step.
             dummy = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
             return {"loss": self.policy(input_ids=dummy, attention_mask=torch.ones_like(dummy)).logits.sum() * 0.0}
-        logp, logits = self.sequence_logprobs(self.policy, micro)
-        mask = micro.loss_mask[:, 1:]
-        sft_mask = micro.sft_mask[:, 1:]
-        advantages = micro.advantages[:, 1:]
+        # Predictions before ``start`` carry no loss (prompts): not computed, every per-token tensor below
+        # starts there.
+        start = self.window_start(micro)
+        logp, logits = self.sequence_logprobs(self.policy, micro, start)
+        mask = micro.loss_mask[:, 1 + start :]
+        sft_mask = micro.sft_mask[:, 1 + start :]
+        advantages = micro.advantages[:, 1 + start :]
         out: dict[str, torch.Tensor] = {}
         zero = logp.sum() * 0.0
         if totals["rl_tokens"] > 0:
@@ -420,7 +490,7 @@ class R3LightningModule(L.LightningModule):
             # Pinned rows have no usable behaviour log-probs: an off-policy refinement was sampled in another
             # context (with its critique; its rows take the shaping loss below), a replayed sample treated as
             # on-policy is scored as if drawn now. Their ratio is 1; an inf there would still turn gradients to NaN.
-            old_logprobs = torch.where(pinned, logp.detach(), micro.old_logprobs[:, 1:])
+            old_logprobs = torch.where(pinned, logp.detach(), micro.old_logprobs[:, 1 + start :])
             result = algos.policy_loss(
                 logp, old_logprobs, advantages, mask, cfg.policy_loss, cfg.clip_eps_low, cfg.clip_eps_high
             )
@@ -438,7 +508,7 @@ class R3LightningModule(L.LightningModule):
             with torch.no_grad():
                 # log pi_theta - log pi_behaviour per origin: ~0 for fresh samples (engine and trainer agree),
                 # the context-distillation gap for distilled rows (sampled with guidance, scored without).
-                logratio = logp - micro.old_logprobs[:, 1:]
+                logratio = logp - micro.old_logprobs[:, 1 + start :]
                 scored = mask.bool() & torch.isfinite(logratio)
                 logratio = torch.where(scored, logratio, 0.0)
                 for origin in sorted(set(micro.origins)):
@@ -448,11 +518,11 @@ class R3LightningModule(L.LightningModule):
                         out[f"logratio_sum/{origin}"] = logratio[rows].sum()
                         out[f"logratio_count/{origin}"] = count.float()
             if cfg.kl_coef > 0 and micro.ref_logprobs is not None:
-                kl = algos.kl_estimate(logp, micro.ref_logprobs[:, 1:], cfg.kl_estimator)
+                kl = algos.kl_estimate(logp, micro.ref_logprobs[:, 1 + start :], cfg.kl_estimator)
                 out["loss_kl"] = cfg.kl_coef * algos.aggregate(kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"])
                 out["kl_ref_sum"] = (kl.detach() * mask).sum()
             if self.teacher is not None and self.teacher_kl_coef > 0:
-                teacher_kl = self.teacher_kl(micro, logp, logits)
+                teacher_kl = self.teacher_kl(micro, logp, logits, start)
                 out["loss_teacher_kl"] = self.teacher_kl_coef * algos.aggregate(
                     teacher_kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"]
                 )
@@ -463,7 +533,7 @@ class R3LightningModule(L.LightningModule):
             # untempered logits, the warm-start is bit-for-bit the same whatever the sampling temperature.
             sft_logp = logp
             if micro.temperature != 1.0:
-                sft_logp = algos.selective_log_softmax(logits, micro.input_ids[:, 1:])
+                sft_logp = algos.selective_log_softmax(logits, micro.input_ids[:, 1 + start :])
             nll = algos.aggregate(
                 algos.sft_nll(sft_logp), sft_mask, cfg.sft_aggregation, totals["sft_tokens"], totals["sft_seqs"]
             )

@@ -29,6 +29,22 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def scored_window_start(scored: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """How many leading next-token predictions of a right-padded batch no loss reads.
+
+    scored: [B, T] bool, True at the tokens a loss scores (RL or SFT mask); attention_mask: [B, T], each
+    row's tokens first, then padding. Prediction t (0 <= t <= T-2) scores token t + 1. Returns the first
+    prediction any row scores, capped at the shortest row's length - 1 so that every row's first
+    ``start`` tokens are real ones (a shared prefix); 0 when nothing can be skipped.
+    """
+    if scored.shape[1] < 2:
+        return 0
+    later = scored[:, 1:]
+    first = torch.where(later.any(dim=1), later.int().argmax(dim=1), later.shape[1])
+    shortest = int(attention_mask.sum(dim=1).min())
+    return max(0, min(int(first.min()), shortest - 1))
+
+
 def shift_logits_and_labels(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Align next-token predictions with the tokens they predict.
 

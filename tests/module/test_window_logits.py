@@ -1,0 +1,76 @@
+"""The training forward computes logits only where a loss reads them, and encodes a prompt that rows
+share (a GRPO group's) once: the same log-probs, losses and gradients as one full forward per row."""
+
+import pytest
+import torch
+from harness import module_and_data, quiet_trainer
+
+from r3lightning.algos.objective import AlgorithmConfig
+
+
+@pytest.fixture(scope="module")
+def trained():
+    module, dm = module_and_data(algorithm=AlgorithmConfig(policy_loss="ppo_clip"), group_size=4, tasks_per_step=3)
+    quiet_trainer(1).fit(module, dm)
+    experience = module.last_experience
+    experience.advantages = torch.randn(experience.advantages.shape, generator=torch.Generator().manual_seed(0))
+    experience.advantages *= experience.loss_mask
+    return module, experience
+
+
+def _full_logits(module, experience):
+    return module.policy(input_ids=experience.input_ids, attention_mask=experience.attention_mask).logits[:, :-1]
+
+
+def test_window_logits_equal_the_full_forward(trained):
+    module, experience = trained
+    start = module.window_start(experience)
+    prompts = {tuple(row[: start].tolist()) for row in experience.input_ids}
+    assert start > 0 and len(prompts) < len(experience)  # groups share their prompt: the shared path runs
+    with torch.no_grad():
+        full = _full_logits(module, experience)
+        window = module.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
+        logp, _ = module.sequence_logprobs(module.policy, experience, start)
+        full_logp, _ = module.sequence_logprobs(module.policy, experience)
+        unshared = module.window_logits(module.policy, experience.input_ids[:1], experience.attention_mask[:1], start)
+    assert window.shape == (len(experience), experience.input_ids.shape[1] - 1 - start, full.shape[-1])
+    torch.testing.assert_close(window, full[:, start:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logp, full_logp[:, start:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(unshared, full[:1, start:], atol=1e-6, rtol=0)  # one row: logits sliced only
+
+
+def _loss_and_gradients(module, experience):
+    module.policy.zero_grad()
+    mask = experience.loss_mask[:, 1:]
+    totals = {"rl_tokens": float(mask.sum()), "rl_seqs": float((mask.sum(-1) > 0).sum()), "sft_tokens": 0.0}
+    out = module.micro_batch_loss(experience, totals)
+    out["loss"].backward()
+    grads = torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
+    return {k: float(v.detach()) for k, v in out.items()}, grads
+
+
+def test_losses_and_gradients_equal_the_full_forward(trained, monkeypatch):
+    module, experience = trained
+    windowed, grads = _loss_and_gradients(module, experience)
+    monkeypatch.setattr(module, "window_start", lambda batch: 0)
+    full, full_grads = _loss_and_gradients(module, experience)
+    assert windowed.keys() == full.keys()
+    for name in full:
+        assert windowed[name] == pytest.approx(full[name], rel=1e-5, abs=1e-6), name
+    torch.testing.assert_close(grads, full_grads, rtol=1e-4, atol=1e-6)
+
+
+def test_gradient_checkpointing_falls_back_to_per_row_prefixes_and_counts_it(trained):
+    module, experience = trained
+    start = module.window_start(experience)
+    with torch.no_grad():
+        shared = module.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
+    before = module.prefix_sharing_off
+    module.policy.gradient_checkpointing_enable()
+    try:
+        with torch.no_grad():
+            recomputed = module.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
+    finally:
+        module.policy.gradient_checkpointing_disable()
+    assert module.prefix_sharing_off == before + 1
+    torch.testing.assert_close(recomputed, shared, atol=1e-5, rtol=0)

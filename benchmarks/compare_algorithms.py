@@ -156,7 +156,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="*", default=list(DEFAULT_METHODS),
                         help=f"presets to compare (default: {list(DEFAULT_METHODS)}; any of configs/algorithms)")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=PRESET[,KEY=VALUE...]",
-                        help="an extra method: a preset with overrides, e.g. r3l_sft01=r3l,model.algorithm.sft_weight=0.1")
+                        help="an extra method: a preset with overrides, e.g. r3l_sft01=r3l,model.algorithm.sft_weight=0.1; "
+                             "preset 'recipe' is the recipe's own method")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--warmup_steps", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--rl_steps", type=int, default=None, help="default: the recipe's")
@@ -229,12 +230,18 @@ def main() -> None:
 
 
 def parse_arm(spec: str) -> tuple[str, list[str]]:
-    """``NAME=PRESET[,KEY=VALUE...]`` -> (name, CLI arguments): the preset, then each override."""
+    """``NAME=PRESET[,KEY=VALUE...]`` -> (name, CLI arguments): the preset, then each override.
+
+    ``PRESET`` ``recipe`` stacks no preset: the arm is the recipe's own method (the quickstart's, say),
+    with the overrides."""
     name, _, rest = spec.partition("=")
     preset, *overrides = rest.split(",")
-    if not name or not (ROOT / "configs" / "algorithms" / f"{preset}.yaml").is_file():
-        raise SystemExit(f"--arm {spec!r}: expected NAME=PRESET[,KEY=VALUE...] with a preset in configs/algorithms")
-    arm = ["--config", f"configs/algorithms/{preset}.yaml"]
+    is_preset = (ROOT / "configs" / "algorithms" / f"{preset}.yaml").is_file()
+    if not name or not (is_preset or preset == "recipe"):
+        raise SystemExit(
+            f"--arm {spec!r}: expected NAME=PRESET[,KEY=VALUE...] with a preset in configs/algorithms or 'recipe'"
+        )
+    arm = ["--config", f"configs/algorithms/{preset}.yaml"] if is_preset else []
     for override in overrides:
         key, _, value = override.partition("=")
         arm += [f"--{key}", value]

@@ -354,6 +354,14 @@ def test_comparison_arms_parse_on_the_quickstart_as_their_presets(cli, monkeypat
         if method in compare.METHODS:
             assert (method in compare.AMPLIFIED) == preset["positive_amplification"], method
     assert cli.parser.parse_args(["fit", "--config", args.recipe, *arm]).fit.model.algorithm.sft_weight == 0.1
+    # Preset "recipe": the recipe's own method, overrides only.
+    name, arm = compare.parse_arm("quickstart_sft1=recipe,model.algorithm.sft_weight=1.0")
+    assert arm == ["--model.algorithm.sft_weight", "1.0"]
+    plain = cli.parser.parse_args(["fit", "--config", args.recipe]).fit.model.algorithm.as_dict()
+    changed = cli.parser.parse_args(["fit", "--config", args.recipe, *arm]).fit.model.algorithm.as_dict()
+    assert changed == {**plain, "sft_weight": 1.0}
+    with pytest.raises(SystemExit, match="configs/algorithms or 'recipe'"):
+        compare.parse_arm("x=no_such_preset")
 
 
 def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):

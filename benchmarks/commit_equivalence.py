@@ -1,0 +1,95 @@
+"""Do two commits train the same run? The whole of a recipe at each commit, every logged number compared.
+
+Each commit is checked out into its own git worktree and ``r3l fit --config RECIPE`` runs there in a
+subprocess with a fixed torch thread count (a run is bit-repeatable only at one thread count on one
+machine). Every TensorBoard scalar except wall-clock ones is compared step by step
+(``refactor_equivalence.compare``); the JSON has the differing tags, the final validation figures of
+both runs and the per-step R³L figures.
+
+It answers "did this range of commits change what the recipe learns?" without bisecting: when the two
+ends train the same run, no commit in between did (for this recipe, on this machine).
+
+    python benchmarks/commit_equivalence.py d37f6aa HEAD --recipe configs/quickstart.yaml \
+        --out benchmarks/results/quickstart_code_bisect.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from machine_info import machine_info  # noqa: E402
+from refactor_equivalence import compare, read_scalars  # noqa: E402
+
+# Shown per step in the JSON: what a reader of an R³L run looks at first.
+SHOWN = (
+    "rollout/reflection_invalid_rate", "rollout/retry_improvement_rate", "rollout/reflection_outcome_agreement",
+    "rollout/success_rate", "val/success_rate_greedy", "val/success_rate",
+)
+
+
+def run_at(commit: str, recipe: str, threads: int, work: str, extra: list[str]) -> dict:
+    """The scalars of ``r3l fit --config recipe`` at ``commit`` (tag -> [(step, value)])."""
+    tree = os.path.join(work, commit)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", tree, commit], check=True)
+    try:
+        # A commit whose callbacks live beside the package (r3lightning.callbacks imports them).
+        if os.path.isdir(os.path.join(tree, "callbacks")) and not os.path.exists(os.path.join(tree, "r3lightning", "callbacks")):
+            os.symlink("../callbacks", os.path.join(tree, "r3lightning", "callbacks"))
+        logs = os.path.join(work, f"logs_{commit}")
+        code = (
+            f"import sys, torch; torch.set_num_threads({threads}); from r3lightning.cli import main; "
+            f"main(['fit', '--config', {recipe!r}, '--trainer.logger.init_args.save_dir', {logs!r}, *{extra!r}])"
+        )
+        env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+        subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, check=True)
+        return read_scalars(logs)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tree], check=False)
+
+
+def last(scalars: dict, tag: str):
+    return scalars[tag][-1][1] if scalars.get(tag) else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("old", help="commit (or any revision) of the first run")
+    parser.add_argument("new", help="commit of the second run")
+    parser.add_argument("--recipe", default="configs/quickstart.yaml")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of both runs")
+    parser.add_argument("--tol", type=float, default=0.0, help="largest difference counted as equal")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("extra", nargs="*", help="more `r3l fit` arguments for both runs (after --)")
+    args = parser.parse_args()
+    revs = [subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", r], capture_output=True, text=True,
+                           check=True).stdout.strip() for r in (args.old, args.new)]
+    with tempfile.TemporaryDirectory() as work:
+        old, new = (run_at(rev, args.recipe, args.threads, work, args.extra) for rev in revs)
+    problems = compare(old, new, args.tol)
+    record = {
+        "benchmark": "commit_equivalence",
+        "figures": {
+            "old_commit": revs[0], "new_commit": revs[1], "tags_compared": len(set(old) | set(new)),
+            "differences": problems,
+            **{f"{side}_final_{tag}": last(runs, tag) for side, runs in (("old", old), ("new", new))
+               for tag in ("val/success_rate_greedy", "val/success_rate")},
+        },
+        "per_step": {tag: {"old": old.get(tag, []), "new": new.get(tag, [])} for tag in SHOWN},
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": machine_info(),
+    }
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print(f"{len(problems)} differences" + "".join(f"\n  {p}" for p in problems[:20]))
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,8 @@ ends train the same run, no commit in between did (for this recipe, on this mach
 
     python benchmarks/commit_equivalence.py d37f6aa HEAD --recipe configs/quickstart.yaml \
         --out benchmarks/results/quickstart_code_bisect.json
+    python benchmarks/commit_equivalence.py a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
+        --fit-args "--trainer.max_steps 240" --out ...     # the warm-start phase only
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -68,12 +71,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both runs")
     parser.add_argument("--tol", type=float, default=0.0, help="largest difference counted as equal")
     parser.add_argument("--out", required=True)
-    parser.add_argument("extra", nargs="*", help="more `r3l fit` arguments for both runs (after --)")
+    parser.add_argument("--fit-args", default="", help="more `r3l fit` arguments for both runs, one string")
     args = parser.parse_args()
     revs = [subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", r], capture_output=True, text=True,
                            check=True).stdout.strip() for r in (args.old, args.new)]
     with tempfile.TemporaryDirectory() as work:
-        old, new = (run_at(rev, args.recipe, args.threads, work, args.extra) for rev in revs)
+        old, new = (run_at(rev, args.recipe, args.threads, work, shlex.split(args.fit_args)) for rev in revs)
     problems = compare(old, new, args.tol)
     record = {
         "benchmark": "commit_equivalence",

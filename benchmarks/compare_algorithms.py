@@ -79,19 +79,7 @@ def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, 
         return path, {**saved["callbacks"]["PhaseReport"]["records"][-1], "reused": True}
     cli, report = _fit(_common(args, seed, log_dir, f"warmstart_seed{seed}", args.warmup_steps))
     cli.trainer.save_checkpoint(path)
-    strip_hyperparameters(path)
     return path, {**report.records[-1], "wall_s": time.perf_counter() - start}
-
-
-def strip_hyperparameters(path: str) -> None:
-    """Drop the saved init arguments from a checkpoint. LightningCLI re-applies a checkpoint's
-    hyper-parameters over the parsed config when ``--ckpt_path`` is given, which would silently run
-    every method with the warm-start's algorithm; without them each run keeps its own config."""
-    import torch
-
-    checkpoint = torch.load(path, weights_only=False, map_location="cpu")
-    checkpoint.pop("hyper_parameters", None)
-    torch.save(checkpoint, path)
 
 
 def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
@@ -102,7 +90,9 @@ def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: ar
     start = time.perf_counter()
     overrides = _common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps)
     alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED and args.alpha is not None else []
-    _, report = _fit([*overrides, *arm, *alpha, "--ckpt_path", checkpoint])
+    # Every method resumes the one warm-start with its own algorithm: the config's values win where the
+    # checkpoint's saved ones differ (``--resume_with config``).
+    _, report = _fit([*overrides, *arm, *alpha, "--ckpt_path", checkpoint, "--resume_with", "config"])
     records = report.records  # restored from the checkpoint: the warm-start validations come first
     rl_records = [r for r in records if r["step"] > args.warmup_steps]
     return {

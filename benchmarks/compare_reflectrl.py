@@ -97,9 +97,6 @@ def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threa
     steps = config["model"]["phases"]["sft_warmup_steps"]
     cli, _, distill = _fit(Path(config_path), ["--seed_everything", str(seed), "--data.seed", str(seed), "--trainer.max_steps", str(steps)])
     cli.trainer.save_checkpoint(checkpoint)
-    saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
-    saved.pop("hyper_parameters", None)  # each objective's own model: config applies on resume
-    torch.save(saved, checkpoint)
     result = {"records": distill.records, "wall_s": time.perf_counter() - start}
     Path(result_path).write_text(json.dumps(result))
     return result
@@ -113,7 +110,8 @@ def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkp
     start = time.perf_counter()
     _, report, distill = _fit(
         Path(config_path),
-        ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], "--ckpt_path", checkpoint],
+        ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], "--ckpt_path", checkpoint,
+         "--resume_with", "config"],  # each objective's own algorithm over the shared stage 1
     )
     if pipeline.startswith("reflectrl_beta"):
         assert distill.beta == float(pipeline[len("reflectrl_beta"):]), "the ablation's beta did not apply"

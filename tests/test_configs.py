@@ -386,3 +386,34 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
     args.rl_steps = 40
     with pytest.raises(ValueError, match=r"previous\.json: its runs used rl_steps=30"):
         compare.reusable_runs(str(previous), args)
+
+
+def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
+    """benchmarks/compare_algorithms.py end to end on a tiny recipe: the shared warm-start checkpoint
+    resumes into an arm of another method, which trains with its own algorithm (the checkpoint keeps
+    its hyper-parameters; the arm runs with --resume_with config)."""
+    import argparse
+    import importlib.util
+
+    from harness import TINY_CLI_RUN
+
+    spec = importlib.util.spec_from_file_location("compare_algorithms", ROOT / "benchmarks" / "compare_algorithms.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    monkeypatch.chdir(ROOT)
+    recipe = {
+        **TINY_CLI_RUN,
+        "trainer": {**TINY_CLI_RUN["trainer"], "logger": {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(tmp_path)}}},
+        "model": {**TINY_CLI_RUN["model"], "phases": {"sft_warmup_steps": 1}},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    args = argparse.Namespace(recipe=str(path), warmup_steps=1, rl_steps=1, val_every=1, alpha=None, threads=0,
+                              reuse_warmstart=False)
+    checkpoint, warm = compare.warm_start(0, args, str(tmp_path))
+    assert warm["step"] == 1
+    result = compare.run_method("rloo", compare.METHODS["rloo"], 0, checkpoint, args, str(tmp_path))
+    assert [step for step, _ in result["curve_greedy"]] == [1, 2]
+    saved = yaml.safe_load((tmp_path / "rloo_seed0" / "version_0" / "config.yaml").read_text())
+    assert saved["model"]["algorithm"]["advantage"] == "rloo"

@@ -86,12 +86,22 @@ class DemoConfig:
         reflection_tasks_per_step: with ``reflections``, how many of a step's demonstration tasks also
             give a reflect and a retry sample (0: all). Reflections are long JSON answers after long
             prompts; fewer of them keeps the step cheap and leaves the action tokens most of the loss.
+        success_reflection_share: with ``reflections``, the share of reflection tasks played by the
+            expert without a mistake, whose reflection judges ``success`` (no retry). Every other
+            reflection sample has an injected mistake, so at 0 the policy never learns to call an
+            episode a success: R³L then retries every episode and ``train_success_judgments`` has
+            nothing to train (docs/r3l.md).
     """
 
     source: str = "suite"
     reflections: bool = False
     tasks_per_step: int = 0
     reflection_tasks_per_step: int = 0
+    success_reflection_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.success_reflection_share <= 1.0:
+            raise ValueError(f"data.demos.success_reflection_share must be in [0, 1], got {self.success_reflection_share}")
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -312,7 +322,8 @@ class RolloutDataModule(L.LightningDataModule):
         if self.demos.reflections:
             rng = random.Random(self.rollout_seed(batch.step))
             n = self.demos.reflection_tasks_per_step
-            demos += scripted_reflection_samples(loop, self.reflector, tasks[:n] if n > 0 else tasks, rng)
+            chosen = tasks[:n] if n > 0 else tasks
+            demos += scripted_reflection_samples(loop, self.reflector, chosen, rng, self.demos.success_reflection_share)
         return demos
 
     def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:

@@ -38,20 +38,28 @@ def reflection_corpus(suite, reflector: Reflector, num_tasks: int = 64) -> list[
     return texts
 
 
-def scripted_reflection_samples(loop: AgentLoop, reflector: Reflector, tasks: list[Task], rng: random.Random) -> list[Trajectory]:
+def scripted_reflection_samples(
+    loop: AgentLoop, reflector: Reflector, tasks: list[Task], rng: random.Random, success_share: float = 0.0
+) -> list[Trajectory]:
     """Warm-start SFT data from a suite's scripted diagnostician (procedural worlds have one).
 
     For each task: the expert plan with one injected mistake (a random admissible action at a random
     step), continued like the policy's own episodes are: half the time by the expert's recovery (a
     success, often an inefficient one), half the time by random admissible actions until the episode
     ends; the diagnostician's reflection of it (reflect sample), and the expert's continuation from
-    the pivot under the guidance (retry sample).
+    the pivot under the guidance (retry sample). With probability ``success_share`` a task is played
+    by the expert plan as it is instead: its reflection judges ``success`` and has no retry. Without
+    such samples the policy never learns to judge an episode ``success``.
     """
     suite = loop.suite
     samples: list[Trajectory] = []
     flawed_actions = []
     for task in tasks:
         plan = suite.demonstration(task) or []
+        # Drawn only when asked for, so that runs without clean episodes keep their random stream.
+        if success_share > 0 and plan and rng.random() < success_share:
+            flawed_actions.append(list(plan))
+            continue
         step = rng.randrange(max(len(plan), 1))
         actions = plan[:step] + [_wrong_action(suite, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
         if rng.random() < 0.5:

@@ -267,3 +267,31 @@ def test_scripted_reflection_samples_reflect_on_whole_episodes(world_suite, worl
             assert steps == world_suite.max_turns
     retries = [s for s in samples if s.origin == "retry_sft"]
     assert retries and all(s.success for s in retries)
+
+
+def test_scripted_reflection_samples_teach_success_judgments_on_clean_episodes(world_suite, world_tokenizer):
+    """success_share: that share of tasks is played by the expert plan as it is; its reflection says
+    ``success`` (pivot 0) and has no retry. At 0 no reflection says ``success``, and the random stream
+    (which tasks get which mistake) is the one of a run without the option."""
+    import random
+
+    from r3lightning.rollout.warmstart import scripted_reflection_samples
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
+    tasks = [world_suite.train_task(i) for i in range(16)]
+    reflector = ReflectRetryExplorer().reflector
+
+    def outcomes(samples):
+        return [json.loads(world_tokenizer.decode(s.turns[0].response_ids[:-1]))["trajectory_outcome"]
+                for s in samples if s.origin == "reflect_sft"]
+
+    clean = scripted_reflection_samples(loop, reflector, tasks, random.Random(0), success_share=1.0)
+    assert outcomes(clean) == ["success"] * len(tasks)
+    assert not [s for s in clean if s.origin == "retry_sft"]
+    plain = scripted_reflection_samples(loop, reflector, tasks, random.Random(0))
+    assert "success" not in outcomes(plain)
+    assert [s.turns[0].context_ids for s in plain] == [
+        s.turns[0].context_ids for s in scripted_reflection_samples(loop, reflector, tasks, random.Random(0), success_share=0.0)
+    ]
+    mixed = outcomes(scripted_reflection_samples(loop, reflector, tasks, random.Random(0), success_share=0.5))
+    assert 0 < mixed.count("success") < len(tasks)

@@ -295,8 +295,8 @@ class R3LightningModule(L.LightningModule):
         if start > 0:
             prefixes, row_of = torch.unique(input_ids[:, :start], dim=0, return_inverse=True)
             if len(prefixes) < rows:
-                if self._can_share_prefix(model):
-                    cache = DynamicCache(config=model.config)
+                cache = self._empty_shareable_cache(model)
+                if cache is not None:
                     model(input_ids=prefixes, past_key_values=cache, use_cache=True, logits_to_keep=1)
                     for layer in cache.layers:
                         layer.keys, layer.values = layer.keys[row_of], layer.values[row_of]
@@ -311,19 +311,21 @@ class R3LightningModule(L.LightningModule):
         keep = torch.arange(start, width - 1, device=input_ids.device)
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
 
-    def _can_share_prefix(self, model: torch.nn.Module) -> bool:
-        """Whether a prefix's keys and values can be handed to rows as a plain per-layer cache: not with
-        gradient checkpointing (a recomputed layer would append to the cache twice), not under FSDP (two
-        forwards of each unit before one backward), not for sliding-window or linear-attention layers."""
+    def _empty_shareable_cache(self, model: torch.nn.Module) -> Optional[DynamicCache]:
+        """An empty cache of ``model`` through which a prefix's keys and values can be handed to rows (a
+        plain per-layer cache), or None: not with gradient checkpointing (a recomputed layer would append
+        to the cache twice), not under FSDP (two forwards of each unit before one backward), not for
+        sliding-window or linear-attention layers."""
         if getattr(model, "is_gradient_checkpointing", False):
-            return False
+            return None
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
-            return False
+            return None
         try:
-            layers = DynamicCache(config=model.config).layers
+            cache = DynamicCache(config=model.config)
         except Exception:  # noqa: BLE001 - an unusual config: recompute the prefix per row
-            return False
-        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+            return None
+        plain = bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+        return cache if plain else None
 
     @staticmethod
     def window_start(batch: ExperienceBatch) -> int:

@@ -53,12 +53,12 @@ def scripted_reflection_samples(
     """
     suite = loop.suite
     samples: list[Trajectory] = []
-    flawed_actions = []
+    played_actions = []
     for task in tasks:
         plan = suite.demonstration(task) or []
         # Drawn only when asked for, so that runs without clean episodes keep their random stream.
         if success_share > 0 and plan and rng.random() < success_share:
-            flawed_actions.append(list(plan))
+            played_actions.append(list(plan))
             continue
         step = rng.randrange(max(len(plan), 1))
         actions = plan[:step] + [_wrong_action(suite, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
@@ -66,10 +66,10 @@ def scripted_reflection_samples(
             actions += suite.expert_continuation(task, actions) or []
         else:
             actions += _random_actions(suite, task, actions, len(plan) + 2, rng)
-        flawed_actions.append(actions)
-    flawed = loop.play_actions([EpisodeRequest(task=t) for t in tasks], flawed_actions, allow_unfinished=True)
+        played_actions.append(actions)
+    played = loop.play_actions([EpisodeRequest(task=t) for t in tasks], played_actions, allow_unfinished=True)
     retry_requests, retry_actions = [], []
-    for task, traj in zip(tasks, flawed):
+    for task, traj in zip(tasks, played):
         diagnosis = suite.diagnose(task, traj.actions, [t.feedback for t in traj.turns])
         if diagnosis is None:
             continue

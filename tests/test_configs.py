@@ -160,7 +160,7 @@ def test_a_preset_means_the_same_method_on_every_recipe(cli, preset):
     for recipe in RECIPES:
         parsed = cli.parser.parse_args(["fit", "--config", str(recipe), "--config", str(preset)])
         cfg = parsed.fit
-        resolved = yaml.safe_load(cli.parser.dump(parsed, skip_none=False))["fit"]
+        resolved = cfg.as_dict()  # the parsed values (no dump: 200 pairs, a third of the time)
         for key, value in algorithm.items():
             assert _same(value, resolved["model"]["algorithm"][key]), f"{recipe.name} + {preset.name}: {key}"
         for key, value in expected["data"]["replay"].items():

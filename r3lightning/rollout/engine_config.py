@@ -48,6 +48,12 @@ class EngineConfig:
             figures). ``on`` / ``off`` force it.
         hf_compile_mode: hf: ``torch.compile`` mode of the decoding step; null: ``reduce-overhead``
             (CUDA graphs) on CUDA, ``default`` on CPU.
+        hf_fused_decode: hf, without hf_compile: decoding steps of llama, qwen2 and qwen3 models run a
+            fused step (query/key/value and gate/up projections as one matmul each, grouped-query
+            attention, one prepared mask) built from the model's own modules instead of its forward;
+            same results up to float rounding. Other models (and LoRA or quantized projections) keep
+            the forward, counted in perf/hf_fused_decode_off. Holds a copy of the fused projections'
+            weights while they are current.
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -65,6 +71,7 @@ class EngineConfig:
     hf_max_cached_tokens: int = 65536
     hf_compile: Literal["auto", "on", "off"] = "auto"
     hf_compile_mode: Optional[str] = None
+    hf_fused_decode: bool = True
 
 
 def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> RolloutEngine:
@@ -81,6 +88,7 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> Ro
             max_cached_tokens=config.hf_max_cached_tokens,
             compile=config.hf_compile == "on" or (config.hf_compile == "auto" and on_cuda),
             compile_mode=config.hf_compile_mode,
+            fused_decode=config.hf_fused_decode,
         )
     if config.backend == "vllm":
         from r3lightning.rollout.vllm_engine import VLLMEngine

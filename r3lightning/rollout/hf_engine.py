@@ -4,8 +4,9 @@ tokens."""
 
 from __future__ import annotations
 
-import time
 import functools
+import logging
+import time
 from collections import Counter, OrderedDict
 from typing import Optional
 
@@ -16,6 +17,9 @@ from transformers.generation.configuration_utils import CompileConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
+from r3lightning.rollout.fused_decode import FusedDecoder, fused_decode_unsupported
+
+log = logging.getLogger(__name__)
 
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [kv_heads, L, head_dim]
 
@@ -188,6 +192,11 @@ class HFEngine:
             ``default`` elsewhere.
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``eager``, which traces the
             same graphs in seconds without generating code).
+        fused_decode: on the eager path, decoding steps after the prefill run ``FusedDecoder`` (the
+            model's own modules with query/key/value and gate/up projections fused, grouped-query
+            attention, one prepared mask) instead of the model's forward, for llama, qwen2 and qwen3
+            models; others keep the forward (each such call counted in ``perf/hf_fused_decode_off``).
+            Holds a copy of the fused projections' weights (most of the model's) while they are current.
     """
 
     def __init__(
@@ -200,6 +209,7 @@ class HFEngine:
         compile: bool = False,
         compile_mode: Optional[str] = None,
         compile_backend: str = "inductor",
+        fused_decode: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -208,7 +218,10 @@ class HFEngine:
         self.stop_token_ids = {tokenizer.eos_token_id}
         self.prefix_cache = PrefixKVCache(max_cached_tokens) if prefix_cache else None
         self._cached_under: Optional[int] = None
-        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0}
+        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0}
+        self.fused_decode = fused_decode
+        self._fused: Optional[FusedDecoder] = None
+        self._fused_off_reason: Optional[str] = None
         self.compile = compile
         self.compile_mode = compile_mode
         self.compile_backend = compile_backend
@@ -223,11 +236,13 @@ class HFEngine:
 
     def metrics(self) -> dict[str, float]:
         """Figures the module logs each step: the cache hit rate so far, and how often the model's
-        cache type forced the prefix cache off (a fallback to full prefill); with ``compile``, the
+        cache type forced the prefix cache off (a fallback to full prefill) and how many generate calls
+        decoded with the model's forward although fused decoding was asked for; with ``compile``, the
         shape buckets compiled so far and the seconds their first calls took."""
         figures = {
             "perf/prefix_cache_hit_rate": self.cache_hit_rate(),
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
+            "perf/hf_fused_decode_off": float(self.stats["fused_decode_off"]),
         }
         if self.compile:
             figures["perf/hf_compiled_buckets"] = float(len(self.first_call_s))
@@ -368,14 +383,24 @@ class HFEngine:
         stop_strings = StopStringCriteria(self.tokenizer, params.stop) if params.stop else None
         scale = 1.0 if params.greedy else params.temperature
         finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+        fused = self._fused_decoder(past)
+        if fused is not None:
+            # Every decoding step's mask, prepared once: [B, 1, 1, width + budget], additive (0 where a
+            # row attends, the dtype's minimum on its padding); step s reads its first width + s columns.
+            dtype = next(self.model.parameters()).dtype
+            additive = torch.zeros((rows, 1, 1, input_ids.shape[1] + params.max_new_tokens), dtype=dtype, device=input_ids.device)
+            additive[:, 0, 0, : input_ids.shape[1]].masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
         tokens, logprobs = [], []
         for step in range(params.max_new_tokens):
-            out = self.model(
-                input_ids=step_ids, attention_mask=attention_mask, position_ids=step_positions,
-                past_key_values=past, use_cache=True, logits_to_keep=1,
-            )
-            past = out.past_key_values
-            logits = out.logits[:, -1].float()
+            if fused is not None and step_ids.shape[1] == 1:  # one new column per row (the prefill too, after a cache hit)
+                logits = fused.step(step_ids[:, 0], step_positions[:, 0], past, additive[..., : input_ids.shape[1] + step]).float()
+            else:
+                out = self.model(
+                    input_ids=step_ids, attention_mask=attention_mask, position_ids=step_positions,
+                    past_key_values=past, use_cache=True, logits_to_keep=1,
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1].float()
             token = logits.argmax(dim=-1) if params.greedy else sample_tokens(logits, params.temperature, params.top_p)
             token = token.masked_fill(finished, self.tokenizer.pad_token_id)
             tokens.append(token)
@@ -386,8 +411,27 @@ class HFEngine:
             if bool(finished.all()) or step + 1 == params.max_new_tokens:
                 break
             step_ids, step_positions = token.unsqueeze(1), step_positions[:, -1:] + 1
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((rows, 1))], dim=1)
+            if fused is None:
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((rows, 1))], dim=1)
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), past
+
+    def _fused_decoder(self, past: Optional[DynamicCache]) -> Optional[FusedDecoder]:
+        """The fused decoding step for this call's decoding steps, or None: not asked for, or a model or
+        cache it does not cover (then the model's forward decodes; counted in ``fused_decode_off``)."""
+        if not self.fused_decode:
+            return None
+        if self._fused is None and self._fused_off_reason is None:
+            self._fused_off_reason = fused_decode_unsupported(self.model)
+            if self._fused_off_reason is None:
+                self._fused = FusedDecoder(self.model)
+        if self._fused is not None and past is not None and all(type(layer) is GrowingLayer for layer in past.layers):
+            self._fused.refresh()
+            return self._fused
+        self.stats["fused_decode_off"] += 1
+        if self.stats["fused_decode_off"] == 1:
+            reason = self._fused_off_reason or "a cache that is not the engine's own full-attention cache"
+            log.warning("hf engine: fused decoding off (%s); the model's forward decodes", reason)
+        return None
 
     def _generate_compiled(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: StaticCache, params: SamplingParams,

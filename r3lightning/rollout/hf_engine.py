@@ -537,27 +537,31 @@ class HFEngine:
         cache_width = max(n for n, _ in cached)
         suffix_width = max(len(p) - n for p, (n, _) in zip(prompts, cached))
         width = cache_width + suffix_width
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, (prompt, (n, _)) in enumerate(zip(prompts, cached)):
-            input_ids[row, cache_width - n : cache_width] = torch.tensor(prompt[:n], dtype=torch.long)
-            attention_mask[row, cache_width - n : cache_width] = 1
-            suffix = prompt[n:]
-            input_ids[row, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
-            attention_mask[row, width - len(suffix) :] = 1
+        id_rows, mask_rows = [], []
+        for prompt, (n, _) in zip(prompts, cached):
+            gap_before, gap_after = cache_width - n, suffix_width - (len(prompt) - n)
+            id_rows.append([pad] * gap_before + prompt[:n] + [pad] * gap_after + prompt[n:])
+            mask_rows.append([0] * gap_before + [1] * n + [0] * gap_after + [1] * (len(prompt) - n))
+        input_ids = torch.tensor(id_rows, dtype=torch.long)
+        attention_mask = torch.tensor(mask_rows, dtype=torch.long)
         if cache_width == 0:
             # Models with sliding-window or linear-attention layers get transformers' own cache.
             past = growing_cache(width + new_tokens) if self._full_attention_only() else None
             return input_ids.to(device), attention_mask.to(device), past
+        # Rows that share a cached prefix (a group's prompt, one prefix-cache entry) are filled in one copy.
+        rows_of: dict[int, tuple[int, LayerKV, list[int]]] = {}
+        for row, (n, kv) in enumerate(cached):
+            if kv is not None:
+                rows_of.setdefault(id(kv), (n, kv, []))[2].append(row)
+        groups = [(n, kv, torch.tensor(rows)) for n, kv, rows in rows_of.values()]
         layers = []
-        reference = next(kv for _, kv in cached if kv is not None)
+        reference = groups[0][1]
         for layer, (ref_k, ref_v) in enumerate(reference):
             keys = ref_k.new_zeros((len(prompts), ref_k.shape[0], cache_width, ref_k.shape[2]))
             values = ref_v.new_zeros((len(prompts), ref_v.shape[0], cache_width, ref_v.shape[2]))
-            for row, (n, kv) in enumerate(cached):
-                if kv is not None:
-                    keys[row, :, cache_width - n :] = kv[layer][0]
-                    values[row, :, cache_width - n :] = kv[layer][1]
+            for n, kv, rows in groups:
+                keys[rows, :, cache_width - n :] = kv[layer][0]
+                values[rows, :, cache_width - n :] = kv[layer][1]
             layers.append((keys, values))
         return input_ids.to(device), attention_mask.to(device), growing_cache(width + new_tokens, layers)
 
@@ -570,11 +574,26 @@ class HFEngine:
             self.stats["prefix_cache_unsupported"] += 1
             self.prefix_cache = None
             return
+        # Each row keeps its attended prompt columns and the columns of its fed completion tokens,
+        # gathered for all rows at once (one index per layer) and cut per row.
         width = attention_mask.shape[1]
+        device = attention_mask.device
+        fed = [max(len(gen.token_ids) - 1, 0) for gen in generations]
+        attended = attention_mask.sum(dim=1)  # [B] prompt columns per row
+        lengths = (attended + torch.tensor(fed, device=device)).tolist()
+        prompt_columns = torch.argsort(attention_mask == 0, dim=1, stable=True)  # attended columns first, in order
+        j = torch.arange(max(max(lengths), 1), device=device)[None]  # [1, longest]
+        index = torch.where(
+            j < attended[:, None],
+            prompt_columns.gather(1, j.clamp(max=width - 1).expand(len(prompts), -1)),
+            width + j - attended[:, None],  # completion columns follow the cached width
+        )
+        index = torch.where(j < torch.tensor(lengths, device=device)[:, None], index, 0)  # [B, longest]
+        rows = torch.arange(len(prompts), device=device)[:, None]
+        gathered = [
+            (layer.keys[rows, :, index].transpose(1, 2), layer.values[rows, :, index].transpose(1, 2))  # [B, KVH, longest, D]
+            for layer in cache.layers
+        ]
         for row, (prompt, gen) in enumerate(zip(prompts, generations)):
-            fed = max(len(gen.token_ids) - 1, 0)
-            columns = torch.cat(
-                [attention_mask[row].nonzero().squeeze(1), torch.arange(width, width + fed, device=attention_mask.device)]
-            )
-            kv = [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers]
-            self.prefix_cache.put(prompt + gen.token_ids[:fed], kv)
+            kv = [(keys[row, :, : lengths[row]], values[row, :, : lengths[row]]) for keys, values in gathered]
+            self.prefix_cache.put(prompt + gen.token_ids[: fed[row]], kv)

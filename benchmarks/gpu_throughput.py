@@ -6,7 +6,8 @@ yet (no GPU was lent when it was written). Without CUDA it writes a JSON whose f
 
 1. Rollout: ``HFEngine.generate`` at batch ``--batch`` (128) on a random-init Qwen2-0.5B shape (hidden 896,
    24 layers, 14 heads, 2 KV heads, MLP 4864, vocab 151936, bfloat16), 32-token prompts, 64 new tokens at
-   temperature 1: the eager engine (``compile=False``) and the compiled one (static KV cache,
+   temperature 1: the eager engine (``compile=False``, with its fused decoding step), the eager engine
+   decoding with the model's forward (``fused_decode=False``) and the compiled one (static KV cache,
    ``torch.compile`` of the decoding step, ``mode="reduce-overhead"``: CUDA graphs), interleaved
    ``--repeats`` times (median), after a warm-up that includes compilation (reported). The issue's
    reference is 1503 tokens/s for the eager engine at batch 128 on an H200 (rollout_throughput_gpu.json);
@@ -54,6 +55,7 @@ def rollout(args) -> dict:
     params = SamplingParams(temperature=1.0, max_new_tokens=64)
     engines = {
         "eager": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False),
+        "eager_forward": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, fused_decode=False),
         "compiled": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, compile=True,
                              compile_mode=args.compile_mode),
     }
@@ -81,6 +83,8 @@ def rollout(args) -> dict:
     figures = {f"hf_{name}_tokens_per_s_batch{args.batch}": round(statistics.median(r), 1) for name, r in rates.items()}
     compiled = figures[f"hf_compiled_tokens_per_s_batch{args.batch}"]
     figures["compiled_over_eager"] = round(compiled / figures[f"hf_eager_tokens_per_s_batch{args.batch}"], 2)
+    figures["fused_over_forward"] = round(
+        figures[f"hf_eager_tokens_per_s_batch{args.batch}"] / figures[f"hf_eager_forward_tokens_per_s_batch{args.batch}"], 2)
     figures["compiled_over_issue_baseline"] = round(compiled / BASELINE_TOKENS_PER_S, 2)
     figures["goal_5x_baseline_met"] = compiled >= 5 * BASELINE_TOKENS_PER_S
     return {

@@ -7,9 +7,10 @@
 batch size (1..256): ms per step, from the difference of two ``generate`` calls with 1 and 1 + ``--curve-steps``
 new tokens (so prefill cancels), the median of ``--repeats`` interleaved passes, and its ratio to the step's
 FLOP limit (2 x matmul parameters x batch + attention over the context, at this machine's measured
-float32 matmul rate: the best of square 1024 and 2048 matmuls). ``--curve-compile`` adds the compiled
-decoding path (``HFEngine(compile=True)``) at the batch sizes given, interleaved with the eager one,
-with its compile time:
+float32 matmul rate: the best of square 1024 and 2048 matmuls), for the eager engine with its fused
+decoding step (``fused``, the default) and with the model's forward (``forward``), interleaved.
+``--curve-compile`` adds the compiled decoding path (``HFEngine(compile=True)``) at the batch sizes
+given, with its compile time:
 
     python benchmarks/rollout_throughput.py --decode-curve --out benchmarks/results/decode_curve_cpu.json
 
@@ -186,7 +187,8 @@ def decode_step_flops(model, batch: int, context: int) -> float:
 
 
 def decode_curve(args, preset, tokenizer) -> dict:
-    """ms per decoding step vs batch size (eager hf engine; compiled at ``--curve-compile`` batches)."""
+    """ms per decoding step vs batch size: the eager hf engine with its fused decoding step (``fused``) and
+    with the model's forward (``forward``, ``hf_fused_decode: false``); compiled at ``--curve-compile`` batches."""
     device, dtype = preset["device"], preset["dtype"]
     policy = build_model(preset["model"], tokenizer, dtype, device)
     rate = matmul_rate(getattr(torch, dtype), device)
@@ -197,7 +199,10 @@ def decode_curve(args, preset, tokenizer) -> dict:
     # Rows that sample the end-of-turn token keep decoding as padding until every row has stopped, so a
     # pass runs the whole budget unless all rows stop early (then it is dropped, see ``timed``).
     long = SamplingParams(temperature=1.0, max_new_tokens=1 + steps)
-    engines = {"eager": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False)}
+    engines = {
+        "fused": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, fused_decode=True),
+        "forward": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, fused_decode=False),
+    }
     compiled_batches = set(args.curve_compile or [])
     if compiled_batches:
         engines["compiled"] = HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, compile=True)
@@ -245,10 +250,14 @@ def decode_curve(args, preset, tokenizer) -> dict:
         figures[f"{name}_decode_tokens_per_s_batch{batch}"] = round(batch / ms * 1e3, 1)
         rows.append((name, batch, ms, limit_ms))
         print(f"{name:8s} batch {batch:4d}: {ms:8.3f} ms/step, FLOP limit {limit_ms:7.3f} ms, ratio {ms / limit_ms:7.1f}", flush=True)
+    for batch in batches:
+        if f"fused_decode_ms_per_step_batch{batch}" in figures and f"forward_decode_ms_per_step_batch{batch}" in figures:
+            figures[f"fused_over_forward_batch{batch}"] = round(
+                figures[f"fused_decode_ms_per_step_batch{batch}"] / figures[f"forward_decode_ms_per_step_batch{batch}"], 3)
     for batch in compiled_batches:
-        if f"compiled_decode_ms_per_step_batch{batch}" in figures and f"eager_decode_ms_per_step_batch{batch}" in figures:
-            figures[f"compiled_over_eager_batch{batch}"] = round(
-                figures[f"compiled_decode_ms_per_step_batch{batch}"] / figures[f"eager_decode_ms_per_step_batch{batch}"], 3)
+        if f"compiled_decode_ms_per_step_batch{batch}" in figures and f"forward_decode_ms_per_step_batch{batch}" in figures:
+            figures[f"compiled_over_forward_batch{batch}"] = round(
+                figures[f"compiled_decode_ms_per_step_batch{batch}"] / figures[f"forward_decode_ms_per_step_batch{batch}"], 3)
     return {
         "figures": figures,
         "config": {

@@ -24,9 +24,15 @@ def _small(config_class, model_class, tokenizer, **extra):
     return model_class(config)
 
 
+def _eager(model):
+    model.config._attn_implementation = "eager"  # transformers' eager attention for the prefill and the reference
+    return model
+
+
 def _models(tokenizer):
     return {
         "qwen2": build_tiny_model(TinyModelSpec(), tokenizer, seed=0),
+        "qwen2_eager_attention": _eager(build_tiny_model(TinyModelSpec(), tokenizer, seed=0)),
         # Llama with biases on every projection and a llama3 rotary scaling (rescaled inverse frequencies).
         "llama": _small(LlamaConfig, LlamaForCausalLM, tokenizer, attention_bias=True, mlp_bias=True, rope_parameters={
             "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -61,7 +67,7 @@ def _run(model, tokenizer, fused: bool, params: SamplingParams, seed: int = 0):
     return engine, first + second
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen2_eager_attention", "llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fused_decoding_equals_the_forward(world_tokenizer, architecture, temperature):
     model = _models(world_tokenizer)[architecture]

@@ -28,23 +28,20 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 def grouped_decode_attention(
-    module: Optional[nn.Module], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor, scaling: float, **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Attention of one new token per row, with the signature of transformers' attention functions:
-    query [B, H, 1, D], key / value [B, KVH, L, D] (H a multiple of KVH), ``attention_mask`` additive
-    [B, 1, 1, L]; returns ([B, 1, H, D], None).
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Attention of one new token per row: query [B, H, D], key / value [B, KVH, L, D] (H a multiple of
+    KVH), ``attention_mask`` additive [B, 1, 1, L]; returns [B, H * D].
 
     The query heads that share a key/value head are one [G, D] x [D, L] product, so keys are never
     repeated per query head; SDPA's CPU kernel spent ~0.3 ms a call on this one-query shape, two
     batched matmuls take about half of that.
     """
-    batch, heads, _, dim = query.shape
+    batch, heads, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scaling).add_(attention_mask)
-    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [B, KVH, G, D]
-    return out.view(batch, 1, heads, dim), None
+    return torch.matmul(torch.softmax(scores, dim=-1), value).reshape(batch, heads * dim)  # from [B, KVH, G, D]
 
 
 def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
@@ -168,8 +165,8 @@ class FusedDecoder:
             rotated = torch.cat([query, key], dim=1)  # one rotation for queries and keys
             rotated = rotated * cos + rotate_half(rotated) * sin
             keys, values = cache.layers[index].update(rotated[:, heads:, None], value)
-            out, _ = grouped_decode_attention(None, rotated[:, :heads, None], keys, values, attention_mask, self.scaling)
-            hidden = residual_linear(hidden, out.reshape(rows, heads * dim), attention.o_proj)
+            out = grouped_decode_attention(rotated[:, :heads], keys, values, attention_mask, self.scaling)
+            hidden = residual_linear(hidden, out, attention.o_proj)
             gate, up = F.linear(layer.post_attention_layernorm(hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
             hidden = residual_linear(hidden, mlp.act_fn(gate) * up, mlp.down_proj)
         return self.model.lm_head(self.decoder.norm(hidden))

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from r3lightning.models import TinyModelSpec, build_tiny_model
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.fused_decode import fused_decode_unsupported
+from r3lightning.rollout.fused_decode import fused_decode_unsupported, grouped_decode_attention, rotate_half
 from r3lightning.rollout.hf_engine import HFEngine
 
 
@@ -65,6 +65,22 @@ def _run(model, tokenizer, fused: bool, params: SamplingParams, seed: int = 0):
     second = engine.generate(follow, params)
     assert engine.cache_hit_rate() > 0.3 or not fused
     return engine, first + second
+
+
+def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_query_group():
+    torch.manual_seed(0)
+    query, key, value = torch.randn(3, 4, 8), torch.randn(3, 2, 5, 8), torch.randn(3, 2, 5, 8)
+    mask = torch.zeros(3, 1, 1, 5)
+    mask[1, ..., :2] = torch.finfo(torch.float32).min  # row 1 does not see its first two columns
+    out = grouped_decode_attention(query, key, value, mask, scaling=0.5)
+    assert out.shape == (3, 32)
+    for row in range(3):
+        for head in range(4):
+            kv = head // 2  # query heads 0, 1 read key/value head 0; heads 2, 3 read head 1
+            weights = torch.softmax(key[row, kv] @ query[row, head] * 0.5 + mask[row, 0, 0], dim=-1)
+            torch.testing.assert_close(out[row, head * 8 : (head + 1) * 8], weights @ value[row, kv])
+    assert torch.allclose(out[1], grouped_decode_attention(query[1:2], key[1:2, :, 2:], value[1:2, :, 2:], mask[1:2, ..., 2:], 0.5)[0])
+    assert rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [-3.0, -4.0, 1.0, 2.0]
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen2_eager_attention", "llama", "qwen3"])

@@ -252,15 +252,19 @@ class R3LightningModule(L.LightningModule):
 
     @torch.no_grad()
     def response_entropy(self, batch: ExperienceBatch) -> torch.Tensor:
-        """Per-token entropy [B, T-1] of the policy at the batch's temperature, in micro-batches."""
+        """Per-token entropy [B, T-1] of the policy at the batch's temperature, in micro-batches, at the
+        predictions of response tokens (and any other position after the first one; the leading
+        predictions no response token follows are 0: ``window_logits`` skips them and encodes a group's
+        shared prompt once)."""
         entropy = torch.zeros(batch.input_ids.shape[0], max(batch.input_ids.shape[1] - 1, 0))
         for rows in batch.micro_batches(self.optim_config.micro_batch_size):
             micro = batch.take(rows).to(self.device)
             if micro.input_ids.shape[1] < 2:
                 continue
-            logits = self.policy(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+            start = scored_window_start(micro.turn_index >= 0, micro.attention_mask)
+            logits = self.window_logits(self.policy, micro.input_ids, micro.attention_mask, start)
             values = algos.entropy_from_logits(tempered(logits, micro.temperature)).float().cpu()
-            entropy[rows, : values.shape[1]] = values
+            entropy[rows, start : start + values.shape[1]] = values
         return entropy
 
     # ---- optimization -------------------------------------------------------------------------

@@ -74,3 +74,15 @@ def test_gradient_checkpointing_falls_back_to_per_row_prefixes_and_counts_it(tra
         module.policy.gradient_checkpointing_disable()
     assert module.prefix_sharing_off == before + 1
     torch.testing.assert_close(recomputed, shared, atol=1e-5, rtol=0)
+
+
+def test_response_entropy_equals_the_full_forward_at_response_tokens(trained):
+    from r3lightning import algos
+
+    module, experience = trained
+    with torch.no_grad():
+        entropy = module.response_entropy(experience)
+        full = algos.entropy_from_logits(_full_logits(module, experience) / experience.temperature)
+    response = experience.turn_index[:, 1:] >= 0
+    assert response.any() and entropy.shape == full.shape
+    torch.testing.assert_close(entropy[response], full[response], atol=1e-5, rtol=0)

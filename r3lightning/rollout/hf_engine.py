@@ -568,7 +568,11 @@ class HFEngine:
     def _store(
         self, prompts: list[list[int]], generations: list[Generation], attention_mask: torch.Tensor, cache
     ) -> None:
-        """Keep each row's KV for prompt + completion minus its last token (never fed to the model)."""
+        """Keep each row's KV for prompt + completion minus its last token (never fed to the model).
+
+        The rows' entries are views of one tensor gathered for the whole call, so that tensor lives
+        until the last of them is evicted; entries of one call are stored together and age together, so
+        in practice they leave the cache together."""
         if not all(type(layer) in (DynamicLayer, GrowingLayer, StaticLayer) for layer in cache.layers):
             # Sliding-window or linear-attention caches cannot be cut and re-padded per row.
             self.stats["prefix_cache_unsupported"] += 1

@@ -48,12 +48,12 @@ class EngineConfig:
             figures). ``on`` / ``off`` force it.
         hf_compile_mode: hf: ``torch.compile`` mode of the decoding step; null: ``reduce-overhead``
             (CUDA graphs) on CUDA, ``default`` on CPU.
-        hf_fused_decode: hf, without hf_compile: decoding steps of llama, qwen2 and qwen3 models run a
-            fused step (query/key/value and gate/up projections as one matmul each, grouped-query
-            attention, one prepared mask) built from the model's own modules instead of its forward;
-            same results up to float rounding. Other models (and LoRA or quantized projections) keep
-            the forward, counted in perf/hf_fused_decode_off. Holds a copy of the fused projections'
-            weights while they are current.
+        hf_fused_decode: hf, without hf_compile: decoding steps (one token per row) of llama, qwen2
+            and qwen3 models run a fused step (query/key/value and gate/up projections as one matmul
+            each, grouped-query attention, one prepared mask) built from the model's own modules
+            instead of its forward; same results up to float rounding. Other models (and LoRA or
+            quantized projections) keep the forward, counted in perf/hf_fused_decode_off. Holds a copy
+            of the fused projections' weights while they are current.
     """
 
     backend: Literal["hf", "vllm"] = "hf"

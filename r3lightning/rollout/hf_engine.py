@@ -192,7 +192,7 @@ class HFEngine:
             ``default`` elsewhere.
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``eager``, which traces the
             same graphs in seconds without generating code).
-        fused_decode: on the eager path, decoding steps after the prefill run ``FusedDecoder`` (the
+        fused_decode: on the eager path, steps that feed one token per row run ``FusedDecoder`` (the
             model's own modules with query/key/value and gate/up projections fused, grouped-query
             attention, one prepared mask) instead of the model's forward, for llama, qwen2 and qwen3
             models; others keep the forward (each such call counted in ``perf/hf_fused_decode_off``).

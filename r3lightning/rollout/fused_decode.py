@@ -102,8 +102,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class FusedDecoder:
     """Decoding steps for ``model`` (see the module docstring); ``fused_decode_unsupported(model)`` must
-    be None. ``refresh`` rebuilds the fused weights when a parameter changed (its in-place version
-    counter or its storage), so steps after it see the live weights."""
+    be None. ``refresh`` rebuilds the fused weights when a parameter changed, so steps after it see the
+    live weights."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -117,14 +117,10 @@ class FusedDecoder:
         self._weights: list[FusedLayerWeights] = []
         self._built_for: Optional[tuple] = None
 
-    def _parameter_state(self) -> tuple:
-        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
-
-    def refresh(self) -> None:
-        """Concatenate the projections again if any parameter changed since the last call (call it
-        before each batch of steps: the check walks every parameter)."""
-        state = self._parameter_state()
-        if state == self._built_for:
+    def refresh(self, weights_state: tuple) -> None:
+        """Concatenate the projections again if ``weights_state`` (the engine's token of the model's
+        parameters: storages and in-place versions) differs from the one they were built under."""
+        if weights_state == self._built_for:
             return
         self._weights = []
         for layer in self.decoder.layers:
@@ -137,7 +133,7 @@ class FusedDecoder:
                 gate_up_weight=torch.cat([m.weight for m in gate_up]),
                 gate_up_bias=_cat_or_none([m.bias for m in gate_up], [m.weight for m in gate_up]),
             ))
-        self._built_for = state
+        self._built_for = weights_state
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, 1, D] at ``positions`` [B], as the model's rotary embedding computes them."""

@@ -179,7 +179,7 @@ class HFEngine:
         prefix_cache: keep each finished sequence's KV cache and reuse it for prompts that extend it
             (the next turn of an episode, a retry that replays a prefix). Entries are dropped whenever
             any parameter changes (an optimizer step, a checkpoint load), detected from the tensors'
-            in-place version counters, so reuse never mixes weights.
+            storages and in-place version counters, so reuse never mixes weights.
         max_cached_tokens: most tokens the prefix cache holds, over all sequences.
         compile: decode with transformers' ``StaticCache`` and ``torch.compile`` of the decoding step
             (``generate``'s own compiled path; the prefill stays eager). Shapes are bucketed so a run
@@ -217,7 +217,8 @@ class HFEngine:
         self.weight_version = 0
         self.stop_token_ids = {tokenizer.eos_token_id}
         self.prefix_cache = PrefixKVCache(max_cached_tokens) if prefix_cache else None
-        self._cached_under: Optional[int] = None
+        self._weights_state: tuple = ()
+        self._cached_under: Optional[tuple] = None
         self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0}
         self.fused_decode = fused_decode
         self._fused: Optional[FusedDecoder] = None
@@ -289,6 +290,10 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        # Every in-place write (optimizer step, load_state_dict) bumps a tensor's version counter; a load
+        # that swaps tensors changes their storage. Read once per call, for the prefix cache and the
+        # fused weights alike.
+        self._weights_state = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
         self._drop_stale_cache()
         results: list[Generation] = []
         for start in range(0, len(prompts), self.max_batch_size):
@@ -298,11 +303,9 @@ class HFEngine:
     def _drop_stale_cache(self) -> None:
         if self.prefix_cache is None:
             return
-        # Every in-place write (optimizer step, load_state_dict) bumps a tensor's version counter.
-        version = sum(p._version for p in self.model.parameters())
-        if version != self._cached_under:
+        if self._weights_state != self._cached_under:
             self.prefix_cache.clear()
-            self._cached_under = version
+            self._cached_under = self._weights_state
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
@@ -425,7 +428,7 @@ class HFEngine:
             if self._fused_off_reason is None:
                 self._fused = FusedDecoder(self.model)
         if self._fused is not None and past is not None and all(type(layer) is GrowingLayer for layer in past.layers):
-            self._fused.refresh()
+            self._fused.refresh(self._weights_state)
             return self._fused
         self.stats["fused_decode_off"] += 1
         if self.stats["fused_decode_off"] == 1:
@@ -584,7 +587,8 @@ class HFEngine:
         device = attention_mask.device
         fed = [max(len(gen.token_ids) - 1, 0) for gen in generations]
         attended = attention_mask.sum(dim=1)  # [B] prompt columns per row
-        lengths = (attended + torch.tensor(fed, device=device)).tolist()
+        row_lengths = attended + torch.tensor(fed, device=device)
+        lengths = row_lengths.tolist()
         prompt_columns = torch.argsort(attention_mask == 0, dim=1, stable=True)  # attended columns first, in order
         j = torch.arange(max(max(lengths), 1), device=device)[None]  # [1, longest]
         index = torch.where(
@@ -592,7 +596,7 @@ class HFEngine:
             prompt_columns.gather(1, j.clamp(max=width - 1).expand(len(prompts), -1)),
             width + j - attended[:, None],  # completion columns follow the cached width
         )
-        index = torch.where(j < torch.tensor(lengths, device=device)[:, None], index, 0)  # [B, longest]
+        index = torch.where(j < row_lengths[:, None], index, 0)  # [B, longest]
         rows = torch.arange(len(prompts), device=device)[:, None]
         gathered = [
             (layer.keys[rows, :, index].transpose(1, 2), layer.values[rows, :, index].transpose(1, 2))  # [B, KVH, longest, D]

@@ -44,6 +44,34 @@ def grouped_decode_attention(
     return torch.matmul(torch.softmax(scores, dim=-1), value).reshape(batch, heads * dim)  # from [B, KVH, G, D]
 
 
+def padded_prefill_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attended: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Causal attention of the last S columns of each row over its L columns, padding columns masked:
+    query [B, H, S, D], key / value [B, KVH, L, D] (H a multiple of KVH), ``attended`` [B, L] (nonzero
+    where a column holds a real token); query s sits at column L - S + s. Returns [B, S, H * D].
+
+    A [B, 1, S, L] mask of padding and causality would have to be built and read by every call (on the
+    CPU its construction, or SDPA's conversion of a boolean one, cost as much as the attention itself for
+    a batch-64 agent-loop prefill). Padding depends only on the key, so it rides along as one more head
+    dimension instead: queries get a 1 there, keys their bias (0, or a huge negative number on padding),
+    and the product adds the bias to every score of that key. What is left is the causal mask, the same
+    for every row: [1, 1, S, L], broadcast by SDPA. Values get a 0 there (SDPA's CPU kernels need equal
+    query and value head sizes), dropped from the output.
+    """
+    batch, heads, width, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    masked = torch.finfo(query.dtype).min / 2  # plus any score stays finite; times the scale it stays hugely negative
+    key_bias = (attended[:, None, :, None] == 0).to(query.dtype).mul_(masked).expand(batch, kv_heads, length, 1)
+    query = torch.cat([query, query.new_ones((batch, heads, width, 1))], dim=-1)
+    key = torch.cat([key, key_bias], dim=-1)
+    value = torch.cat([value, value.new_zeros((batch, kv_heads, length, 1))], dim=-1)
+    causal = torch.full((width, length), torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+    causal = causal.triu_(length - width + 1)[None, None]  # query s sees columns up to L - S + s
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=causal, scale=scaling, enable_gqa=heads != kv_heads)
+    return out[..., :dim].transpose(1, 2).reshape(batch, width, heads * dim)
+
+
 def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
     """Why ``model`` cannot decode with ``FusedDecoder`` (None when it can): a model type outside the
     family, sliding-window layers, a rotary type that changes with the length, projections that are not
@@ -163,6 +191,42 @@ class FusedDecoder:
             keys, values = cache.layers[index].update(rotated[:, heads:, None], value)
             out = grouped_decode_attention(rotated[:, :heads], keys, values, attention_mask, self.scaling)
             hidden = residual_linear(hidden, out, attention.o_proj)
+            gate, up = F.linear(layer.post_attention_layernorm(hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
+            hidden = residual_linear(hidden, mlp.act_fn(gate) * up, mlp.down_proj)
+        return self.model.lm_head(self.decoder.norm(hidden))
+
+    def prefill(self, token_ids: torch.Tensor, positions: torch.Tensor, cache, attended: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] of the token after the last of ``token_ids`` [B, S] (at ``positions`` [B, S]),
+        whose keys and values are appended to ``cache`` (holding the L - S columns before them);
+        ``attended`` [B, L] marks the real tokens among all L columns. Uses the weights of the last
+        ``refresh``.
+
+        Attention is ``padded_prefill_attention``, except in the last layer: its outputs at the other
+        columns feed nothing (keys and values come from a layer's input), so only the last column
+        attends, as a decoding step would, and only it goes through the last MLP."""
+        rows, width = token_ids.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        hidden = self.decoder.embed_tokens(token_ids).reshape(rows * width, -1)  # [B S, hidden]
+        cos, sin = self.rotary(positions.reshape(-1), hidden.dtype)  # [B S, 1, D]
+        last = len(self._weights) - 1
+        for index, (layer, fused) in enumerate(zip(self.decoder.layers, self._weights)):
+            attention, mlp = layer.self_attn, layer.mlp
+            qkv = F.linear(layer.input_layernorm(hidden), fused.qkv_weight, fused.qkv_bias)
+            query = qkv[:, : heads * dim].view(rows * width, heads, dim)
+            key = qkv[:, heads * dim : (heads + kv_heads) * dim].view(rows * width, kv_heads, dim)
+            value = qkv[:, (heads + kv_heads) * dim :].view(rows, width, kv_heads, dim).transpose(1, 2)
+            if hasattr(attention, "q_norm"):
+                query, key = attention.q_norm(query), attention.k_norm(key)
+            rotated = torch.cat([query, key], dim=1)
+            rotated = (rotated * cos + rotate_half(rotated) * sin).view(rows, width, heads + kv_heads, dim).transpose(1, 2)
+            keys, values = cache.layers[index].update(rotated[:, heads:], value)  # [B, KVH, L, D]
+            if index < last:
+                out = padded_prefill_attention(rotated[:, :heads], keys, values, attended, self.scaling)
+                hidden = residual_linear(hidden, out.reshape(rows * width, heads * dim), attention.o_proj)
+            else:
+                padding = (attended == 0).to(hidden.dtype).mul_(torch.finfo(hidden.dtype).min)[:, None, None]  # [B, 1, 1, L]
+                out = grouped_decode_attention(rotated[:, :heads, -1], keys, values, padding, self.scaling)
+                hidden = residual_linear(hidden.view(rows, width, -1)[:, -1], out, attention.o_proj)
             gate, up = F.linear(layer.post_attention_layernorm(hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
             hidden = residual_linear(hidden, mlp.act_fn(gate) * up, mlp.down_proj)
         return self.model.lm_head(self.decoder.norm(hidden))

@@ -397,6 +397,10 @@ class HFEngine:
         for step in range(params.max_new_tokens):
             if fused is not None and step_ids.shape[1] == 1:  # one new column per row (the prefill too, after a cache hit)
                 logits = fused.step(step_ids[:, 0], step_positions[:, 0], past, additive[..., : input_ids.shape[1] + step]).float()
+            elif fused is not None and input_ids.device.type == "cpu":
+                # On CUDA the forward prefills: its SDPA kernels take the padding mask directly, and the
+                # fused prefill's extra head dimension would push them off their fast paths.
+                logits = fused.prefill(step_ids, step_positions, past, attention_mask).float()
             else:
                 out = self.model(
                     input_ids=step_ids, attention_mask=attention_mask, position_ids=step_positions,

@@ -10,7 +10,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from r3lightning.models import TinyModelSpec, build_tiny_model
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.fused_decode import fused_decode_unsupported, grouped_decode_attention, rotate_half
+from r3lightning.rollout.fused_decode import (
+    fused_decode_unsupported,
+    grouped_decode_attention,
+    padded_prefill_attention,
+    rotate_half,
+)
 from r3lightning.rollout.hf_engine import HFEngine
 
 
@@ -81,6 +86,38 @@ def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_
             torch.testing.assert_close(out[row, head * 8 : (head + 1) * 8], weights @ value[row, kv])
     assert torch.allclose(out[1], grouped_decode_attention(query[1:2], key[1:2, :, 2:], value[1:2, :, 2:], mask[1:2, ..., 2:], 0.5)[0])
     assert rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+def test_padded_prefill_attention_is_causal_attention_over_each_rows_real_columns():
+    torch.manual_seed(0)
+    query, key, value = torch.randn(3, 4, 3, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    attended = torch.ones(3, 6, dtype=torch.long)
+    attended[1, :2] = 0  # row 1: two columns of left padding
+    attended[2, :4] = 0  # row 2: its first query (column 3) sees only padding
+    attended[2, 2] = 1
+    out = padded_prefill_attention(query, key, value, attended, scaling=0.5)
+    assert out.shape == (3, 3, 32) and torch.isfinite(out).all()
+    for row in range(3):
+        for s in range(3):
+            column = 3 + s  # the last 3 of 6 columns are the queries
+            for head in range(4):
+                kv = head // 2
+                seen = [j for j in range(column + 1) if attended[row, j]]
+                if not seen:
+                    continue  # a padding query: any finite output will do
+                weights = torch.softmax(key[row, kv, seen] @ query[row, head, s] * 0.5, dim=-1)
+                torch.testing.assert_close(out[row, s, head * 8 : (head + 1) * 8], weights @ value[row, kv, seen])
+
+
+def test_single_layer_models_prefill_with_the_last_column_only(world_tokenizer):
+    """In a one-layer model the only layer is the last: the prefill attends from its last column alone."""
+    model = build_tiny_model(TinyModelSpec(num_layers=1), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    _, fused = _run(model, world_tokenizer, True, params)
+    _, forward = _run(model, world_tokenizer, False, params)
+    assert [g.token_ids for g in fused] == [g.token_ids for g in forward]
+    for a, b in zip(fused, forward):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen2_eager_attention", "llama", "qwen3"])

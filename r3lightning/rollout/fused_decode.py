@@ -219,7 +219,7 @@ class FusedDecoder:
                 query, key = attention.q_norm(query), attention.k_norm(key)
             rotated = torch.cat([query, key], dim=1)
             rotated = (rotated * cos + rotate_half(rotated) * sin).view(rows, width, heads + kv_heads, dim).transpose(1, 2)
-            keys, values = cache.layers[index].update(rotated[:, heads:], value)  # [B, KVH, L, D]
+            keys, values = cache.update(rotated[:, heads:], value, index)  # [B, KVH, L, D]; a cold cache gets its layers here
             if index < last:
                 out = padded_prefill_attention(rotated[:, :heads], keys, values, attended, self.scaling)
                 hidden = residual_linear(hidden, out.reshape(rows * width, heads * dim), attention.o_proj)

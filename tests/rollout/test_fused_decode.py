@@ -50,21 +50,22 @@ def _models(tokenizer):
     }
 
 
-def _prompts(tokenizer):
+def _prompts(tokenizer, shared: bool = True):
     chat = ChatFormatter(tokenizer)
     texts = ["Your task: put the apple on the desk.", "Valid actions: look", "take mug", "go to desk 1 and look around"]
     prompts = [chat.first_prompt(t) for t in texts]
-    return prompts + [prompts[0]] * 3  # a shared prompt, encoded once
+    return prompts + [prompts[0]] * 3 if shared else prompts  # a shared prompt is encoded once
 
 
-def _run(model, tokenizer, fused: bool, params: SamplingParams, seed: int = 0):
+def _run(model, tokenizer, fused: bool, params: SamplingParams, seed: int = 0, shared: bool = True):
     """Two calls: fresh prompts, then each prompt extended by its completion and more tokens. With
     ``fused`` the second call hits the prefix cache (prefixes of different lengths, so rows are padded in
-    the middle); the reference recomputes every prompt with the model's forward."""
+    the middle); the reference recomputes every prompt with the model's forward. Without ``shared``
+    prompts the first call prefills every row from an empty cache."""
     engine = HFEngine(model, tokenizer, fused_decode=fused, prefix_cache=fused)
     engine.stop_token_ids = {-1}  # decode the whole budget: every step compared
     torch.manual_seed(seed)
-    prompts = _prompts(tokenizer)
+    prompts = _prompts(tokenizer, shared)
     first = engine.generate(prompts, params)
     follow = [p + g.token_ids + p[-3:] for p, g in zip(prompts, first)]
     second = engine.generate(follow, params)
@@ -109,12 +110,14 @@ def test_padded_prefill_attention_is_causal_attention_over_each_rows_real_column
                 torch.testing.assert_close(out[row, s, head * 8 : (head + 1) * 8], weights @ value[row, kv, seen])
 
 
-def test_single_layer_models_prefill_with_the_last_column_only(world_tokenizer):
-    """In a one-layer model the only layer is the last: the prefill attends from its last column alone."""
-    model = build_tiny_model(TinyModelSpec(num_layers=1), world_tokenizer, seed=0)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_prefill_from_an_empty_cache_equals_the_forward(world_tokenizer, layers):
+    """Rows of different lengths prefilled from nothing (left padding only). In a one-layer model the
+    only layer is the last, so the prefill attends from its last column alone."""
+    model = build_tiny_model(TinyModelSpec(num_layers=layers), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    _, fused = _run(model, world_tokenizer, True, params)
-    _, forward = _run(model, world_tokenizer, False, params)
+    _, fused = _run(model, world_tokenizer, True, params, shared=False)
+    _, forward = _run(model, world_tokenizer, False, params, shared=False)
     assert [g.token_ids for g in fused] == [g.token_ids for g in forward]
     for a, b in zip(fused, forward):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)

@@ -51,7 +51,9 @@ class EngineConfig:
         hf_fused_decode: hf, without hf_compile: decoding steps (one token per row) of llama, qwen2
             and qwen3 models run a fused step (query/key/value and gate/up projections as one matmul
             each, grouped-query attention, one prepared mask) built from the model's own modules
-            instead of its forward; same results up to float rounding. Other models (and LoRA or
+            instead of its forward, and on the CPU so does the prefill (padding as an extra head
+            dimension instead of a 4D mask; the last layer attends from the last column only); same
+            results up to float rounding. Other models (and LoRA or
             quantized projections) keep the forward, counted in perf/hf_fused_decode_off. Holds a copy
             of the fused projections' weights while they are current.
     """

@@ -7,8 +7,9 @@ more than their arithmetic: the model's forward for one token of 64 rows of a 3M
 function with the query/key/value projections as one matmul and the gate/up projections as one (their
 weights concatenated once per weight version), rotary embeddings applied to queries and keys together,
 and grouped-query attention without repeating keys; norms, activations, the output projections and the
-LM head are the model's own modules. It reads and appends to the engine's KV cache, so the prefill (the
-model's own forward) and the prefix cache are unchanged. Results equal the forward's up to float
+LM head are the model's own modules. It reads and appends to the engine's KV cache, so the prefix cache
+is unchanged. ``FusedDecoder.prefill`` does the same for a prefill of several columns per row (the
+engine uses it on the CPU), with ``padded_prefill_attention``. Results equal the forward's up to float
 rounding (tests/rollout/test_fused_decode.py: greedy tokens identical, log-probs within 1e-5 in fp32).
 """
 

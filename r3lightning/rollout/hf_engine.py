@@ -195,7 +195,8 @@ class HFEngine:
         fused_decode: on the eager path, steps that feed one token per row run ``FusedDecoder`` (the
             model's own modules with query/key/value and gate/up projections fused, grouped-query
             attention, one prepared mask) instead of the model's forward, for llama, qwen2 and qwen3
-            models; others keep the forward (each such call counted in ``perf/hf_fused_decode_off``).
+            models, and on the CPU the prefill runs ``FusedDecoder.prefill``; others keep the forward
+            (each such call counted in ``perf/hf_fused_decode_off``).
             Holds a copy of the fused projections' weights (most of the model's) while they are current.
     """
 

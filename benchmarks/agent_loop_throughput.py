@@ -29,7 +29,10 @@ every episode's whole conversation (~600 tokens) on every turn, left-padded to t
 the batch: prefill was 87% of the batch-64 ``generate`` time and 64 episodes ran only 2.4-2.9x faster
 than one at a time. The prefix cache (``HFEngine(prefix_cache=True)``, the default) keeps each finished
 sequence's KV, so a turn prefills only its new observation (81% of prompt tokens come from the cache);
-``--no-prefix-cache`` measures the engine without it.
+``--no-prefix-cache`` measures the engine without it. Since the fused prefill (the engine's default on
+the CPU) the last layer attends from each row's last column only, so with the default one-layer model
+the observation's prefill does almost no attention; ``--num-layers 4`` shows a deeper model, where it
+still does (docs/engines.md has both).
 
 Each batch size is timed ``--repeats`` times (default 3), interleaved (1, 16, 64, 1, 16, 64, ...) so that
 load from other processes falls on all of them alike; the median pass is reported.

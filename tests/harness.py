@@ -2,9 +2,8 @@
 pair of a short CPU run, the algorithm presets as the real ``r3l`` parser builds them, a tiny policy's
 agent loop over any suite, and worker processes with a deadline.
 
-Importable as ``harness`` because pytest's ``pythonpath`` includes ``tests/`` (``tests/module/ddp_train.py``,
-run as a script, puts ``tests/`` on its path too). The fixtures built from these live in
-``tests/conftest.py``.
+Importable as ``harness`` because pytest's ``pythonpath`` includes ``tests/``. The fixtures built from
+these live in ``tests/conftest.py``.
 """
 
 from __future__ import annotations

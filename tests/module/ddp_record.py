@@ -47,6 +47,7 @@ class DDPRecord(L.Callback):
             "shard": shard,
             "shard_task_ids": [trainer.datamodule.suite.train_task(i).task_id for i in shard],
             "rl_tokens": float(module.last_experience.loss_mask[:, 1:].sum()),
+            "micro_batches": len(module.last_experience.micro_batches(module.optim_config.micro_batch_size)),
             "rl_tokens_all_ranks": float(metrics["train/rl_tokens_all_ranks"]),
             "reductions": self.reductions,
             "reward_mean": float(metrics["reward/mean"]) if "reward/mean" in metrics else None,

@@ -1,5 +1,5 @@
 """Two-process DDP on CPU (gloo) through ``r3l fit``: sharded tasks, all-reduced token counts,
-identical replicas, the default callbacks, one micro-batch per step.
+identical replicas, the default callbacks, steps of one micro-batch and of several.
 
 One run checks all of it: a DDP run costs two fresh interpreters (Lightning's launcher re-runs the
 command for rank 1), most of this test's time."""
@@ -34,7 +34,7 @@ def test_r3l_fit_with_ddp_shards_tasks_reduces_counts_and_keeps_replicas_identic
             "--config", str(ROOT / "configs/trainer/ddp.yaml"),
             "--config", str(extra),
             "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-            "--model.phases.sft_warmup_steps", "1", "--model.optim.micro_batch_size", "512",
+            "--model.phases.sft_warmup_steps", "1", "--model.optim.micro_batch_size", "32",
             "--data.suite.init_args.num_val_tasks", "8", "--trainer.enable_progress_bar", "false",
             "--trainer.logger.init_args.save_dir", str(tmp_path),
         ],
@@ -42,8 +42,7 @@ def test_r3l_fit_with_ddp_shards_tasks_reduces_counts_and_keeps_replicas_identic
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
 
-    # The default callbacks (sample logger, phase report) made no rank-0-only collective call, and a
-    # single micro-batch per step works.
+    # The default callbacks (sample logger, phase report) made no rank-0-only collective call.
     assert "after RL" in done.stdout
     assert list(tmp_path.rglob("rollout_samples.jsonl"))
     # The validation report counts the tasks of both ranks (4 each).
@@ -53,6 +52,9 @@ def test_r3l_fit_with_ddp_shards_tasks_reduces_counts_and_keeps_replicas_identic
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
     assert len(ranks[0]["steps"]) == len(ranks[1]["steps"]) == 3 and all(r["global_step"] == 3 for r in ranks)
+    # The warm-up step's 32 demonstrations per rank are one micro-batch of 32; an RL step's 128 samples
+    # are several: gradients are summed over ranks once per step either way.
+    assert [s["micro_batches"] for s in ranks[0]["steps"]] == [1, 4, 4]
 
     # Tasks are sharded: each rank trains on its own task indices (arithmetic task ids name the problem,
     # and a problem can come up at two indices, so the ids are checked against the indices' tasks).

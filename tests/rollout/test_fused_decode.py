@@ -123,6 +123,19 @@ def test_prefill_from_an_empty_cache_equals_the_forward(world_tokenizer, layers)
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_prefill_stays_finite_and_near_the_forward(world_tokenizer, dtype):
+    """In bfloat16 and float16 the padding bias (a dtype-sized huge negative number) masks padding as
+    in float32: log-probs finite and within the dtype's rounding of the forward's."""
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0).to(dtype)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    _, fused = _run(model, world_tokenizer, True, params, shared=False)
+    _, forward = _run(model, world_tokenizer, False, params, shared=False)
+    for a, b in zip(fused, forward):
+        assert torch.isfinite(torch.tensor(a.logprobs)).all()
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=0.05, rtol=0)
+
+
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen2_eager_attention", "llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fused_decoding_equals_the_forward(world_tokenizer, architecture, temperature):

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine_info import machine_info  # noqa: E402
 from refactor_equivalence import compare, read_scalars  # noqa: E402
+from worktrees import add_worktree, remove_worktree  # noqa: E402
 
 # Shown per step in the JSON: what a reader of an R³L run looks at first.
 SHOWN = (
@@ -41,12 +42,8 @@ SHOWN = (
 
 def run_at(commit: str, recipe: str, threads: int, work: str, extra: list[str]) -> dict:
     """The scalars of ``r3l fit --config recipe`` at ``commit`` (tag -> [(step, value)])."""
-    tree = os.path.join(work, commit)
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", tree, commit], check=True)
+    tree = str(add_worktree(commit, os.path.join(work, commit)))
     try:
-        # A commit whose callbacks live beside the package (r3lightning.callbacks imports them).
-        if os.path.isdir(os.path.join(tree, "callbacks")) and not os.path.exists(os.path.join(tree, "r3lightning", "callbacks")):
-            os.symlink("../callbacks", os.path.join(tree, "r3lightning", "callbacks"))
         logs = os.path.join(work, f"logs_{commit}")
         code = (
             f"import sys, torch; torch.set_num_threads({threads}); from r3lightning.cli import main; "
@@ -56,7 +53,7 @@ def run_at(commit: str, recipe: str, threads: int, work: str, extra: list[str]) 
         subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, check=True)
         return read_scalars(logs)
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tree], check=False)
+        remove_worktree(tree)
 
 
 def last(scalars: dict, tag: str):

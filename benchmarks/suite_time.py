@@ -7,7 +7,7 @@ B / A per round.
 
 In a worktree the package is imported from the worktree (``PYTHONPATH``) while the editable install
 still maps ``r3lightning.callbacks`` to the main checkout; a symlink puts the worktree's own callbacks
-there instead. That layout puts a top-level ``callbacks`` on the path, so
+there instead (``worktrees.add_worktree``). That layout puts a top-level ``callbacks`` on the path, so
 ``tests/test_layers.py::test_callbacks_install_under_the_package_name`` fails in both worktrees (at
 its first line, so it costs both the same).
 
@@ -30,15 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine_info import machine_info  # noqa: E402
+from worktrees import add_worktree, remove_worktree  # noqa: E402
 
 TEST_COMMAND = ["-m", "pytest", "-m", "not slow and not gpu", "-q", "-p", "no:cacheprovider"]
-
-
-def worktree(commit: str, parent: str) -> Path:
-    tree = Path(parent) / commit.replace("/", "_")
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", "-q", str(tree), commit], check=True)
-    (tree / "r3lightning" / "callbacks").symlink_to("../callbacks")
-    return tree
 
 
 def run_suite(tree: Path) -> dict:
@@ -61,7 +55,7 @@ def main() -> None:
                            check=True).stdout.strip() for r in (args.a, args.b)]
     runs: dict[str, list[dict]] = {rev: [] for rev in revs}
     with tempfile.TemporaryDirectory() as parent:
-        trees = {rev: worktree(rev, parent) for rev in revs}
+        trees = {rev: add_worktree(rev, Path(parent) / rev) for rev in revs}
         try:
             for round_ in range(args.rounds):
                 for rev in revs:
@@ -69,7 +63,7 @@ def main() -> None:
                     print(f"round {round_ + 1} {rev}: {json.dumps(runs[rev][-1])}", flush=True)
         finally:
             for tree in trees.values():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+                remove_worktree(tree)
     a, b = revs
     ratios = [round(rb["wall_s"] / ra["wall_s"], 3) for ra, rb in zip(runs[a], runs[b])]
     result = {

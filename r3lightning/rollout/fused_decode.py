@@ -176,6 +176,27 @@ class FusedDecoder:
         values are appended to ``cache`` (a ``DynamicCache`` holding every earlier column);
         ``attention_mask`` [B, 1, 1, L] is additive over the L columns after the append. Uses the
         weights of the last ``refresh``."""
+        return self._decode_layers(token_ids, positions, attention_mask, lambda index, key, value: cache.layers[index].update(key, value))
+
+    def step_static(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``step`` over fixed-size key/value buffers, for ``torch.compile`` with static shapes: each
+        layer's keys and values [B, KVH, C, D] in ``buffers`` get the new column written at ``column``
+        ([1], long) and attention reads all C columns; ``attention_mask`` [B, 1, 1, C] is additive and
+        must mask every column not written yet (their contents must be finite: a zero weight times NaN
+        would still be NaN). Returns logits [B, V]; equal to ``step``'s up to float rounding."""
+
+        def write(index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = buffers[index]
+            return keys.index_copy_(2, column, key), values.index_copy_(2, column, value)
+
+        return self._decode_layers(token_ids, positions, attention_mask, write)
+
+    def _decode_layers(self, token_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor, append) -> torch.Tensor:
+        """The decoding step's layers; ``append(layer index, key [B, KVH, 1, D], value [B, KVH, 1, D])``
+        stores the new column and returns the layer's keys and values [B, KVH, L, D] to attend over."""
         rows, heads, kv_heads, dim = token_ids.shape[0], self.heads, self.kv_heads, self.head_dim
         hidden = self.decoder.embed_tokens(token_ids)  # [B, hidden]
         cos, sin = self.rotary(positions, hidden.dtype)
@@ -189,7 +210,7 @@ class FusedDecoder:
                 query, key = attention.q_norm(query), attention.k_norm(key)
             rotated = torch.cat([query, key], dim=1)  # one rotation for queries and keys
             rotated = rotated * cos + rotate_half(rotated) * sin
-            keys, values = cache.layers[index].update(rotated[:, heads:, None], value)
+            keys, values = append(index, rotated[:, heads:, None], value)
             out = grouped_decode_attention(rotated[:, :heads], keys, values, attention_mask, self.scaling)
             hidden = residual_linear(hidden, out, attention.o_proj)
             gate, up = F.linear(layer.post_attention_layernorm(hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)

@@ -17,30 +17,13 @@ from transformers.generation.configuration_utils import CompileConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
+from r3lightning.rollout.compiled_decode import CompiledFusedStep, StaticDecoding, column_bucket
 from r3lightning.rollout.fused_decode import FusedDecoder, fused_decode_unsupported
+from r3lightning.rollout.sampling import next_tokens
 
 log = logging.getLogger(__name__)
 
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [kv_heads, L, head_dim]
-
-
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """One token per row [B] drawn from softmax(logits / temperature) [B, V], restricted to the top-p
-    nucleus (the most likely tokens until their mass reaches ``top_p``; the first one always stays).
-
-    Inverse transform sampling: one uniform per row against the cumulative probabilities.
-    ``torch.multinomial`` (``generate``'s sampler) draws an exponential per vocabulary entry, which was an
-    eighth of a rollout's time on CPU. Same distribution, another random stream; zero-probability tokens
-    are never drawn (the search returns the first cumulative value above the draw).
-    """
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(mass_before >= top_p, 0.0))
-    cumulative = probs.cumsum(dim=-1)
-    draw = torch.rand((logits.shape[0], 1), device=logits.device) * cumulative[:, -1:]
-    return torch.searchsorted(cumulative, draw, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
 
 class GrowingLayer(DynamicLayer):
@@ -85,6 +68,29 @@ class GrowingLayer(DynamicLayer):
         buffer[1][:, :, length:end] = value_states
         self.keys, self.values = buffer[0][:, :, :end], buffer[1][:, :, :end]
         return self.keys, self.values
+
+    def fixed_buffer(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers [B, KVH, capacity, D] holding this layer's columns, for steps that
+        write into them directly (``FusedDecoder.step_static``): exactly ``capacity`` columns (static
+        shapes for ``torch.compile``), zero beyond the filled ones (attention reads them, masked)."""
+        length = self.keys.shape[-2]
+        buffer = self._buffer
+        if buffer is None or buffer[0].shape[-2] != capacity or self.keys.data_ptr() != buffer[0].data_ptr():
+            keys = self.keys.new_zeros((*self.keys.shape[:2], capacity, self.keys.shape[-1]))
+            values = self.values.new_zeros((*self.values.shape[:2], capacity, self.values.shape[-1]))
+            keys[:, :, :length] = self.keys
+            values[:, :, :length] = self.values
+            buffer = self._buffer = (keys, values)
+        else:
+            buffer[0][:, :, length:].zero_()
+            buffer[1][:, :, length:].zero_()
+        self.capacity = capacity
+        self.keys, self.values = buffer[0][:, :, :length], buffer[1][:, :, :length]
+        return buffer
+
+    def cover(self, end: int) -> None:
+        """Make ``keys`` / ``values`` the buffer's first ``end`` columns (after direct writes)."""
+        self.keys, self.values = self._buffer[0][:, :, :end], self._buffer[1][:, :, :end]
 
 
 def growing_cache(capacity: int, layers: Optional[LayerKV] = None) -> DynamicCache:
@@ -198,6 +204,11 @@ class HFEngine:
             models, and on the CPU the prefill runs ``FusedDecoder.prefill``; others keep the forward
             (each such call counted in ``perf/hf_fused_decode_off``).
             Holds a copy of the fused projections' weights (most of the model's) while they are current.
+        fused_compile: with ``fused_decode`` (and without ``compile``), the one-token decoding steps and
+            the sampler run ``CompiledFusedStep``: ``FusedDecoder.step_static`` and ``next_tokens``
+            compiled with ``torch.compile`` (``compile_backend``, ``compile_mode``) over the cache's
+            buffers widened to a multiple of 64 columns; one graph per (batch, width, temperature,
+            top_p), at most 8 (calls beyond them decode eagerly, counted in ``fused_compile_skipped``).
     """
 
     def __init__(
@@ -211,6 +222,7 @@ class HFEngine:
         compile_mode: Optional[str] = None,
         compile_backend: str = "inductor",
         fused_decode: bool = True,
+        fused_compile: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -220,10 +232,12 @@ class HFEngine:
         self.prefix_cache = PrefixKVCache(max_cached_tokens) if prefix_cache else None
         self._weights_state: tuple = ()
         self._cached_under: Optional[tuple] = None
-        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0}
+        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0, "fused_compile_skipped": 0}
         self.fused_decode = fused_decode
         self._fused: Optional[FusedDecoder] = None
         self._fused_off_reason: Optional[str] = None
+        self.fused_compile = fused_compile
+        self._compiled_step: Optional[CompiledFusedStep] = None
         self.compile = compile
         self.compile_mode = compile_mode
         self.compile_backend = compile_backend
@@ -240,7 +254,8 @@ class HFEngine:
         """Figures the module logs each step: the cache hit rate so far, and how often the model's
         cache type forced the prefix cache off (a fallback to full prefill) and how many generate calls
         decoded with the model's forward although fused decoding was asked for; with ``compile``, the
-        shape buckets compiled so far and the seconds their first calls took."""
+        shape buckets compiled so far and the seconds their first calls took; with ``fused_compile``,
+        the compiled step's graphs, their first calls' seconds and the calls refused a graph."""
         figures = {
             "perf/prefix_cache_hit_rate": self.cache_hit_rate(),
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
@@ -249,15 +264,29 @@ class HFEngine:
         if self.compile:
             figures["perf/hf_compiled_buckets"] = float(len(self.first_call_s))
             figures["perf/hf_compile_first_call_s"] = float(sum(self.first_call_s.values()))
+        if self.fused_compile and not self.compile:
+            compiled = self._compiled_step.first_call_s if self._compiled_step is not None else {}
+            figures["perf/hf_fused_compiled_shapes"] = float(len(compiled))
+            figures["perf/hf_fused_compile_first_call_s"] = float(sum(compiled.values()))
+            figures["perf/hf_fused_compile_skipped"] = float(self.stats["fused_compile_skipped"])
         return figures
 
     def compile_stats(self) -> dict:
-        """The compiled path's buckets, their first calls' seconds (compilation included) and
-        dynamo's count of distinct graphs."""
-        if not self.compile:
-            return {"compile": False}
+        """The compiled path's buckets (or the compiled fused step's shapes), their first calls' seconds
+        (compilation included) and dynamo's count of distinct graphs."""
         from torch._dynamo.utils import counters
 
+        if self.fused_compile and not self.compile:
+            compiled = self._compiled_step.first_call_s if self._compiled_step is not None else {}
+            return {
+                "fused_compile": True,
+                "shapes": [list(shape) for shape in compiled],
+                "first_call_s": {"x".join(map(str, shape)): round(t, 3) for shape, t in compiled.items()},
+                "skipped_calls": self.stats["fused_compile_skipped"],
+                "unique_graphs": int(counters["stats"]["unique_graphs"]),
+            }
+        if not self.compile:
+            return {"compile": False}
         return {
             "compile": True,
             "mode": self._mode(),
@@ -374,7 +403,7 @@ class HFEngine:
         of a rollout at this scale): the uncached columns are prefilled, then every step feeds each row's
         last token at the next position. Rows that emitted a stop token (or completed a stop string) are
         fed the pad token afterwards; the loop ends when every row has finished or the budget is spent.
-        Greedy picks the arg max of the logits; sampling is ``sample_tokens``. Only the tokenizer's stop
+        The next token and its log-prob are ``next_tokens``' (greedy: the arg max; sampling: ``sample_tokens``). Only the tokenizer's stop
         tokens end a row: a checkpoint's ``generation_config`` (repetition penalty, its own sampling
         defaults) does not apply, as in the vllm engine, so behaviour log-probs are exactly
         log softmax(logits / temperature) of the distribution drawn from (with ``top_p`` 1).
@@ -385,9 +414,9 @@ class HFEngine:
         step_ids, step_positions = input_ids[:, cached:], positions[:, cached:]
         stop_tokens = torch.tensor(sorted(self.stop_token_ids), device=input_ids.device)
         stop_strings = StopStringCriteria(self.tokenizer, params.stop) if params.stop else None
-        scale = 1.0 if params.greedy else params.temperature
         finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
         fused = self._fused_decoder(past)
+        first_decode_step = 0 if step_ids.shape[1] == 1 else 1  # after the prefill, if any
         if fused is not None:
             # Every decoding step's mask, prepared once: [B, 1, 1, width + budget], additive (0 where a
             # row attends, the dtype's minimum on its padding); step s reads its first width + s columns.
@@ -395,9 +424,17 @@ class HFEngine:
             additive = torch.zeros((rows, 1, 1, input_ids.shape[1] + params.max_new_tokens), dtype=dtype, device=input_ids.device)
             additive[:, 0, 0, : input_ids.shape[1]].masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
         tokens, logprobs = [], []
+        static: Optional[StaticDecoding] = None  # compiled steps, set up at the first one-column step
         for step in range(params.max_new_tokens):
+            draw = None if params.greedy else torch.rand((rows, 1), device=input_ids.device)  # the sampler's uniforms
+            logits = None  # stays None when the compiled step picked the token itself
             if fused is not None and step_ids.shape[1] == 1:  # one new column per row (the prefill too, after a cache hit)
-                logits = fused.step(step_ids[:, 0], step_positions[:, 0], past, additive[..., : input_ids.shape[1] + step]).float()
+                if self.fused_compile and static is None and step == first_decode_step:
+                    static = self._static_decoding(fused, past, additive, input_ids.shape[1] + params.max_new_tokens, params)
+                if static is not None:
+                    token, logprob = static.step(step_ids[:, 0], step_positions[:, 0], draw, params.temperature, params.top_p)
+                else:
+                    logits = fused.step(step_ids[:, 0], step_positions[:, 0], past, additive[..., : input_ids.shape[1] + step]).float()
             elif fused is not None and input_ids.device.type == "cpu":
                 # On CUDA the forward prefills: its SDPA kernels take the padding mask directly, and the
                 # fused prefill's extra head dimension would push them off their fast paths.
@@ -409,10 +446,11 @@ class HFEngine:
                 )
                 past = out.past_key_values
                 logits = out.logits[:, -1].float()
-            token = logits.argmax(dim=-1) if params.greedy else sample_tokens(logits, params.temperature, params.top_p)
+            if logits is not None:
+                token, logprob = next_tokens(logits, params.temperature, params.top_p, draw)
             token = token.masked_fill(finished, self.tokenizer.pad_token_id)
             tokens.append(token)
-            logprobs.append(torch.log_softmax(logits / scale, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))
+            logprobs.append(logprob)
             finished |= torch.isin(token, stop_tokens)
             if stop_strings is not None:
                 finished |= stop_strings(torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1), None)
@@ -421,7 +459,26 @@ class HFEngine:
             step_ids, step_positions = token.unsqueeze(1), step_positions[:, -1:] + 1
             if fused is None:
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((rows, 1))], dim=1)
+        if static is not None:
+            for layer in past.layers:
+                layer.cover(static.filled)
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), past
+
+    def _static_decoding(
+        self, fused: FusedDecoder, past: DynamicCache, additive: torch.Tensor, columns: int, params: SamplingParams
+    ) -> Optional[StaticDecoding]:
+        """This call's compiled decoding steps over the cache's buffers widened to ``column_bucket(columns)``,
+        or None when the compiled step has its ``max_shapes`` other shapes already (then the eager fused
+        step decodes; counted in ``fused_compile_skipped``)."""
+        if self._compiled_step is None or self._compiled_step.decoder is not fused:
+            self._compiled_step = CompiledFusedStep(fused, backend=self.compile_backend, mode=self.compile_mode)
+        capacity = column_bucket(columns)
+        if not self._compiled_step.accepts((additive.shape[0], capacity, params.temperature, params.top_p)):
+            self.stats["fused_compile_skipped"] += 1
+            return None
+        filled = past.get_seq_length()
+        buffers = [layer.fixed_buffer(capacity) for layer in past.layers]
+        return StaticDecoding(self._compiled_step, buffers, additive[..., :filled], filled)
 
     def _fused_decoder(self, past: Optional[DynamicCache]) -> Optional[FusedDecoder]:
         """The fused decoding step for this call's decoding steps, or None: not asked for, or a model or

@@ -5,10 +5,10 @@ it does not cover decode with the forward and are counted."""
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from fused_models import chat_prompts, family_models, run_two_calls, small_model
+from transformers import MistralConfig, MistralForCausalLM
 
 from r3lightning.models import TinyModelSpec, build_tiny_model
-from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.fused_decode import (
     fused_decode_unsupported,
@@ -17,60 +17,6 @@ from r3lightning.rollout.fused_decode import (
     rotate_half,
 )
 from r3lightning.rollout.hf_engine import HFEngine
-
-
-def _small(config_class, model_class, tokenizer, **extra):
-    torch.manual_seed(0)
-    config = config_class(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None, **extra,
-    )
-    return model_class(config)
-
-
-def _eager(model):
-    model.config._attn_implementation = "eager"  # transformers' eager attention for the prefill and the reference
-    return model
-
-
-def _models(tokenizer):
-    return {
-        "qwen2": build_tiny_model(TinyModelSpec(), tokenizer, seed=0),
-        "qwen2_eager_attention": _eager(build_tiny_model(TinyModelSpec(), tokenizer, seed=0)),
-        # Llama with biases on every projection and a llama3 rotary scaling (rescaled inverse frequencies).
-        "llama": _small(LlamaConfig, LlamaForCausalLM, tokenizer, attention_bias=True, mlp_bias=True, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
-        }),
-        # Per-head q/k norms, and yarn rotary scaling (cos and sin scaled by its attention factor).
-        "qwen3": _small(Qwen3Config, Qwen3ForCausalLM, tokenizer, max_position_embeddings=128, rope_parameters={
-            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
-        }),
-    }
-
-
-def _prompts(tokenizer, shared: bool = True):
-    chat = ChatFormatter(tokenizer)
-    texts = ["Your task: put the apple on the desk.", "Valid actions: look", "take mug", "go to desk 1 and look around"]
-    prompts = [chat.first_prompt(t) for t in texts]
-    return prompts + [prompts[0]] * 3 if shared else prompts  # a shared prompt is encoded once
-
-
-def _run(model, tokenizer, fused: bool, params: SamplingParams, seed: int = 0, shared: bool = True):
-    """Two calls: fresh prompts, then each prompt extended by its completion and more tokens. With
-    ``fused`` the second call hits the prefix cache (prefixes of different lengths, so rows are padded in
-    the middle); the reference recomputes every prompt with the model's forward. Without ``shared``
-    prompts the first call prefills every row from an empty cache."""
-    engine = HFEngine(model, tokenizer, fused_decode=fused, prefix_cache=fused)
-    engine.stop_token_ids = {-1}  # decode the whole budget: every step compared
-    torch.manual_seed(seed)
-    prompts = _prompts(tokenizer, shared)
-    first = engine.generate(prompts, params)
-    follow = [p + g.token_ids + p[-3:] for p, g in zip(prompts, first)]
-    second = engine.generate(follow, params)
-    assert engine.cache_hit_rate() > 0.3 or not fused
-    return engine, first + second
 
 
 def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_query_group():
@@ -116,8 +62,8 @@ def test_prefill_from_an_empty_cache_equals_the_forward(world_tokenizer, layers)
     only layer is the last, so the prefill attends from its last column alone."""
     model = build_tiny_model(TinyModelSpec(num_layers=layers), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    _, fused = _run(model, world_tokenizer, True, params, shared=False)
-    _, forward = _run(model, world_tokenizer, False, params, shared=False)
+    _, fused = run_two_calls(model, world_tokenizer, True, params, shared=False)
+    _, forward = run_two_calls(model, world_tokenizer, False, params, shared=False)
     assert [g.token_ids for g in fused] == [g.token_ids for g in forward]
     for a, b in zip(fused, forward):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
@@ -129,8 +75,8 @@ def test_half_precision_prefill_stays_finite_and_near_the_forward(world_tokenize
     in float32: log-probs finite and within the dtype's rounding of the forward's."""
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0).to(dtype)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    _, fused = _run(model, world_tokenizer, True, params, shared=False)
-    _, forward = _run(model, world_tokenizer, False, params, shared=False)
+    _, fused = run_two_calls(model, world_tokenizer, True, params, shared=False)
+    _, forward = run_two_calls(model, world_tokenizer, False, params, shared=False)
     for a, b in zip(fused, forward):
         assert torch.isfinite(torch.tensor(a.logprobs)).all()
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=0.05, rtol=0)
@@ -139,11 +85,11 @@ def test_half_precision_prefill_stays_finite_and_near_the_forward(world_tokenize
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen2_eager_attention", "llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fused_decoding_equals_the_forward(world_tokenizer, architecture, temperature):
-    model = _models(world_tokenizer)[architecture]
+    model = family_models(world_tokenizer)[architecture]
     assert fused_decode_unsupported(model) is None
     params = SamplingParams(temperature=temperature, max_new_tokens=12)
-    engine, fused = _run(model, world_tokenizer, True, params)
-    _, forward = _run(model, world_tokenizer, False, params)
+    engine, fused = run_two_calls(model, world_tokenizer, True, params)
+    _, forward = run_two_calls(model, world_tokenizer, False, params)
     assert engine.metrics()["perf/hf_fused_decode_off"] == 0 and engine._fused is not None
     # Sampling draws one uniform per row: the same draws pick the same tokens unless a draw falls within
     # float rounding of a boundary, which these runs never hit.
@@ -157,7 +103,7 @@ def test_fused_weights_follow_parameter_updates(world_tokenizer):
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     fused_engine = HFEngine(model, world_tokenizer, fused_decode=True)
     forward_engine = HFEngine(model, world_tokenizer, fused_decode=False)
-    prompts = _prompts(world_tokenizer)
+    prompts = chat_prompts(world_tokenizer)
     before = fused_engine.generate(prompts, params)
     with torch.no_grad():  # an optimizer step's in-place update
         for parameter in model.parameters():
@@ -171,10 +117,10 @@ def test_fused_weights_follow_parameter_updates(world_tokenizer):
 
 
 def test_models_outside_the_family_decode_with_the_forward_and_are_counted(world_tokenizer):
-    mistral = _small(MistralConfig, MistralForCausalLM, world_tokenizer, sliding_window=None)
+    mistral = small_model(MistralConfig, MistralForCausalLM, world_tokenizer, sliding_window=None)
     assert "mistral" in fused_decode_unsupported(mistral)
     engine = HFEngine(mistral, world_tokenizer, fused_decode=True)
-    out = engine.generate(_prompts(world_tokenizer), SamplingParams(temperature=0.0, max_new_tokens=4))
+    out = engine.generate(chat_prompts(world_tokenizer), SamplingParams(temperature=0.0, max_new_tokens=4))
     assert all(g.token_ids for g in out)
     assert engine.metrics()["perf/hf_fused_decode_off"] == 1 and engine._fused is None
 
@@ -185,7 +131,7 @@ def test_lora_policies_decode_with_the_forward(world_tokenizer):
     model = apply_lora(build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0), ModelConfig(lora_rank=4))
     assert "wrapper" in fused_decode_unsupported(model)
     engine = HFEngine(model, world_tokenizer, fused_decode=True)
-    engine.generate(_prompts(world_tokenizer), SamplingParams(temperature=1.0, max_new_tokens=4))
+    engine.generate(chat_prompts(world_tokenizer), SamplingParams(temperature=1.0, max_new_tokens=4))
     assert engine.metrics()["perf/hf_fused_decode_off"] == 1
 
 

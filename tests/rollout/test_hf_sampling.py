@@ -5,7 +5,8 @@ import torch
 
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine, sample_tokens
+from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.rollout.sampling import sample_tokens
 
 DRAWS = 40_000
 

@@ -1,0 +1,41 @@
+"""The decoding loop's choice of the next token and its behaviour log-probability (the ``hf`` engine's
+eager and compiled decoding steps share it)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0, draw: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One token per row [B] drawn from softmax(logits / temperature) [B, V], restricted to the top-p
+    nucleus (the most likely tokens until their mass reaches ``top_p``; the first one always stays).
+
+    Inverse transform sampling: one uniform per row (``draw`` [B, 1], from ``torch.rand`` when None)
+    against the cumulative probabilities. ``torch.multinomial`` (``generate``'s sampler) draws an
+    exponential per vocabulary entry, which was an eighth of a rollout's time on CPU. Same
+    distribution, another random stream; zero-probability tokens are never drawn (the search returns
+    the first cumulative value above the draw).
+    """
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(mass_before >= top_p, 0.0))
+    cumulative = probs.cumsum(dim=-1)
+    if draw is None:
+        draw = torch.rand((logits.shape[0], 1), device=logits.device)
+    return torch.searchsorted(cumulative, draw * cumulative[:, -1:], right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+
+
+def next_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float = 1.0, draw: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token [B] and its behaviour log-prob [B] from float logits [B, V]: the arg max when
+    ``temperature`` is 0 (log-prob of softmax(logits)), else ``sample_tokens`` (log-prob of
+    softmax(logits / temperature), the distribution drawn from when ``top_p`` is 1)."""
+    greedy = temperature <= 0.0
+    token = logits.argmax(dim=-1) if greedy else sample_tokens(logits, temperature, top_p, draw)
+    scale = 1.0 if greedy else temperature
+    return token, torch.log_softmax(logits / scale, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,102 @@
+"""The compiled fused decoding step (``HFEngine(fused_compile=True)``, ``engine.hf_fused_compile``) equals
+the eager fused step: greedy tokens identical and log-probs within 1e-5 (fp32) under inductor, through
+padding, shared prompts, prefix-cache hits, buffer widening and weight updates; shapes beyond its limit
+decode eagerly and are counted. Most tests trace with the ``eager`` backend (the same graph, run by
+Python, in seconds); one compiles with inductor."""
+
+import pytest
+import torch
+from fused_models import chat_prompts, family_models, run_two_calls
+
+from r3lightning.models import TinyModelSpec, build_tiny_model
+from r3lightning.rollout.compiled_decode import column_bucket
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.engine_config import EngineConfig, build_engine
+from r3lightning.rollout.hf_engine import HFEngine
+
+
+def _assert_same(compiled, eager, atol: float) -> None:
+    assert [g.token_ids for g in compiled] == [g.token_ids for g in eager]
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=atol, rtol=0)
+
+
+def test_column_bucket_rounds_up_to_a_multiple_of_64():
+    assert [column_bucket(n) for n in (1, 63, 64, 65, 128, 129)] == [64, 64, 64, 128, 128, 192]
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_steps_equal_the_eager_fused_steps(world_tokenizer, architecture, temperature):
+    """The static-buffer step (every column of the widened buffer read, unwritten ones masked) and the
+    sampler inside the graph give the eager fused step's tokens and log-probs; the same seed draws the
+    same uniforms, so sampled tokens are equal too. The prefix cache sees the same keys and values."""
+    model = family_models(world_tokenizer)[architecture]
+    params = SamplingParams(temperature=temperature, max_new_tokens=12)
+    engine, compiled = run_two_calls(model, world_tokenizer, True, params, fused_compile=True, compile_backend="eager")
+    reference, eager = run_two_calls(model, world_tokenizer, True, params)
+    _assert_same(compiled, eager, atol=1e-6)
+    assert engine.stats["reused_prompt_tokens"] == reference.stats["reused_prompt_tokens"] > 0
+    stored = [key for key in engine.prefix_cache.entries]
+    assert stored == [key for key in reference.prefix_cache.entries]
+    for key in stored:
+        for (k1, v1), (k2, v2) in zip(engine.prefix_cache.entries[key][1], reference.prefix_cache.entries[key][1]):
+            torch.testing.assert_close(k1, k2, atol=1e-6, rtol=0)
+            torch.testing.assert_close(v1, v2, atol=1e-6, rtol=0)
+    figures = engine.metrics()
+    assert figures["perf/hf_fused_compiled_shapes"] >= 1 and figures["perf/hf_fused_compile_skipped"] == 0
+
+
+def test_inductor_compiled_steps_equal_the_eager_fused_steps(world_tokenizer):
+    """Inductor's generated kernels round differently from eager ones: greedy tokens identical, log-probs
+    within 1e-5. One call, so one graph (~10 s of compilation on two cores)."""
+    model = build_tiny_model(TinyModelSpec(num_layers=1), world_tokenizer, seed=0)  # fewer kernels to compile
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    prompts = chat_prompts(world_tokenizer)  # of several lengths, one shared by four rows
+    torch._dynamo.reset()  # dynamo would reuse the code an ``eager``-backend test compiled for the same shapes
+    compiled = HFEngine(model, world_tokenizer, fused_compile=True)
+    _assert_same(compiled.generate(prompts, params), HFEngine(model, world_tokenizer).generate(prompts, params), atol=1e-5)
+    stats = compiled.compile_stats()
+    assert stats["fused_compile"] and [shape[0] for shape in stats["shapes"]] == [len(prompts)]
+    assert all(t > 0 for t in stats["first_call_s"].values())
+
+
+def test_compiled_steps_follow_parameter_updates(world_tokenizer):
+    """Weights are graph inputs: after an in-place update the same graph decodes with the new weights
+    (no recompilation: the shape count stays)."""
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager")
+    eager = HFEngine(model, world_tokenizer)
+    prompts = chat_prompts(world_tokenizer)
+    before = compiled.generate(prompts, params)
+    shapes = len(compiled._compiled_step.first_call_s)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    after = compiled.generate(prompts, params)
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+    _assert_same(after, eager.generate(prompts, params), atol=1e-6)
+    assert len(compiled._compiled_step.first_call_s) == shapes
+
+
+def test_shapes_beyond_the_limit_decode_eagerly_and_are_counted(world_tokenizer):
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager", prefix_cache=False)
+    eager = HFEngine(model, world_tokenizer, prefix_cache=False)
+    prompts = chat_prompts(world_tokenizer)
+    compiled.generate(prompts, params)
+    compiled._compiled_step.max_shapes = 1  # the next batch size is a second shape
+    _assert_same(compiled.generate(prompts[:3], params), eager.generate(prompts[:3], params), atol=1e-6)
+    assert compiled.stats["fused_compile_skipped"] == 1
+    assert compiled.metrics()["perf/hf_fused_compile_skipped"] == 1.0
+
+
+def test_engine_config_fused_compile_option(world_tokenizer):
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    engine = build_engine(EngineConfig(hf_fused_compile=True), model, world_tokenizer)
+    assert engine.fused_compile and not engine.compile
+    assert not build_engine(EngineConfig(), model, world_tokenizer).fused_compile
+    with pytest.raises(ValueError, match="hf_fused_decode"):
+        build_engine(EngineConfig(hf_fused_compile=True, hf_fused_decode=False), model, world_tokenizer)

@@ -480,9 +480,10 @@ class HFEngine:
         buffers = [layer.fixed_buffer(capacity) for layer in past.layers]
         return StaticDecoding(self._compiled_step, buffers, additive[..., :filled], filled)
 
-    def _fused_decoder(self, past: Optional[DynamicCache]) -> Optional[FusedDecoder]:
+    def _fused_decoder(self, past: Optional[DynamicCache], count_fallback: bool = True) -> Optional[FusedDecoder]:
         """The fused decoding step for this call's decoding steps, or None: not asked for, or a model or
-        cache it does not cover (then the model's forward decodes; counted in ``fused_decode_off``)."""
+        cache it does not cover (then the model's forward decodes; counted in ``fused_decode_off``
+        unless ``count_fallback`` is False: the shared-prompt prefill leaves the count to ``_decode``)."""
         if not self.fused_decode:
             return None
         if self._fused is None and self._fused_off_reason is None:
@@ -492,6 +493,8 @@ class HFEngine:
         if self._fused is not None and past is not None and all(type(layer) is GrowingLayer for layer in past.layers):
             self._fused.refresh(self._weights_state)
             return self._fused
+        if not count_fallback:
+            return None
         self.stats["fused_decode_off"] += 1
         if self.stats["fused_decode_off"] == 1:
             reason = self._fused_off_reason or "a cache that is not the engine's own full-attention cache"
@@ -557,7 +560,8 @@ class HFEngine:
         For every prompt that occurs more than once in the batch, its tokens but the last are run through
         the model once (continuing from its prefix-cache hit, if any), and every row with that prompt
         takes this KV as its cached prefix; ``generate`` then prefills only the last token of each row,
-        as for a prefix-cache hit (same numerics: tests/rollout/test_hf_engine.py).
+        as for a prefix-cache hit (same numerics: tests/rollout/test_hf_engine.py). On the CPU the
+        fused prefill encodes them when the fused step covers the model, as in ``_decode``.
         """
         rows_of: dict[tuple[int, ...], list[int]] = {}
         for row, prompt in enumerate(prompts):
@@ -569,15 +573,20 @@ class HFEngine:
         input_ids, attention_mask, past = self._batch_inputs(heads, [cached[rows[0]] for rows in shared], device)
         start = past.get_seq_length() if past is not None else 0
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)[:, start:]
-        out = self.model(
-            input_ids=input_ids[:, start:],
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past if past is not None else DynamicCache(config=self.model.config),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        layers = out.past_key_values.layers
+        fused = self._fused_decoder(past, count_fallback=False) if device.type == "cpu" else None  # as in _decode
+        if fused is not None:
+            fused.prefill(input_ids[:, start:], position_ids, past, attention_mask)
+            layers = past.layers
+        else:
+            out = self.model(
+                input_ids=input_ids[:, start:],
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past if past is not None else DynamicCache(config=self.model.config),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            layers = out.past_key_values.layers
         if not all(type(layer) in (DynamicLayer, GrowingLayer) for layer in layers):
             return cached  # sliding-window or linear-attention layers: no re-padding per row
         cached = list(cached)

@@ -60,9 +60,10 @@ class EngineConfig:
             with ``torch.compile`` (inductor, static shapes: key/value buffers widened to a multiple of
             64 columns, attention reading them all with the unwritten ones masked; one graph per batch
             size, buffer width, temperature and top_p, at most 8, then eager steps counted in
-            perf/hf_fused_compile_skipped). On the 2-core CPU it made the GRPO benchmark's rollouts
-            ~1.4x faster after ~5-8 s of compilation per graph (docs/engines.md), so it pays off on runs of
-            more than a few hundred steps; off by default (tests and short runs would mostly compile).
+            perf/hf_fused_compile_skipped). On the 2-core CPU the GRPO benchmark's rollouts took 0.74x
+            the eager time, after 3-15 s of compilation per graph (warm or cold inductor cache;
+            docs/engines.md): it pays off after roughly 70 to a few hundred steps, so it is off by
+            default (tests and short runs would mostly compile).
             Compile mode: hf_compile_mode (null: torch's default). Ignored when hf_compile is on.
     """
 

@@ -403,7 +403,8 @@ class HFEngine:
         of a rollout at this scale): the uncached columns are prefilled, then every step feeds each row's
         last token at the next position. Rows that emitted a stop token (or completed a stop string) are
         fed the pad token afterwards; the loop ends when every row has finished or the budget is spent.
-        The next token and its log-prob are ``next_tokens``' (greedy: the arg max; sampling: ``sample_tokens``). Only the tokenizer's stop
+        The next token and its log-prob come from ``next_tokens`` (greedy: the arg max; sampling:
+        ``sample_tokens``), inside the compiled step with ``fused_compile``. Only the tokenizer's stop
         tokens end a row: a checkpoint's ``generation_config`` (repetition penalty, its own sampling
         defaults) does not apply, as in the vllm engine, so behaviour log-probs are exactly
         log softmax(logits / temperature) of the distribution drawn from (with ``top_p`` 1).

@@ -57,10 +57,10 @@ class EngineConfig:
             quantized projections) keep the forward, counted in perf/hf_fused_decode_off. Holds a copy
             of the fused projections' weights while they are current.
         hf_fused_compile: hf, with hf_fused_decode: the fused decoding step and the sampler compiled
-            with ``torch.compile`` (inductor, static shapes: key/value buffers widened to a multiple of
-            64 columns, attention reading them all with the unwritten ones masked; one graph per batch
-            size, buffer width, temperature and top_p, at most 8, then eager steps counted in
-            perf/hf_fused_compile_skipped). On the 2-core CPU the GRPO benchmark's rollouts took 0.74x
+            with ``torch.compile`` (inductor; key/value buffers widened to a multiple of 64 columns,
+            attention reading them all with the unwritten ones masked; static shapes first, then one
+            graph with batch size and width symbolic, and a graph per new temperature or top_p; after
+            8 graphs, unseen shapes decode eagerly, counted in perf/hf_fused_compile_skipped). On the 2-core CPU the GRPO benchmark's rollouts took 0.74x
             the eager time, after 3-15 s of compilation per graph (warm or cold inductor cache;
             docs/engines.md): it pays off after roughly 70 to a few hundred steps, so it is off by
             default (tests and short runs would mostly compile).

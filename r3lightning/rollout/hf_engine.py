@@ -207,8 +207,9 @@ class HFEngine:
         fused_compile: with ``fused_decode`` (and without ``compile``), the one-token decoding steps and
             the sampler run ``CompiledFusedStep``: ``FusedDecoder.step_static`` and ``next_tokens``
             compiled with ``torch.compile`` (``compile_backend``, ``compile_mode``) over the cache's
-            buffers widened to a multiple of 64 columns; one graph per (batch, width, temperature,
-            top_p), at most 8 (calls beyond them decode eagerly, counted in ``fused_compile_skipped``).
+            buffers widened to a multiple of 64 columns; static shapes first, then one graph with the
+            batch size and width symbolic (dynamo's automatic dynamic shapes); after 8 graphs, calls
+            of unseen shapes decode eagerly, counted in ``fused_compile_skipped``.
     """
 
     def __init__(
@@ -255,7 +256,7 @@ class HFEngine:
         cache type forced the prefix cache off (a fallback to full prefill) and how many generate calls
         decoded with the model's forward although fused decoding was asked for; with ``compile``, the
         shape buckets compiled so far and the seconds their first calls took; with ``fused_compile``,
-        the compiled step's graphs, their first calls' seconds and the calls refused a graph."""
+        the compiled step's graphs, the seconds of the calls that compiled them and the calls refused one."""
         figures = {
             "perf/prefix_cache_hit_rate": self.cache_hit_rate(),
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
@@ -265,23 +266,25 @@ class HFEngine:
             figures["perf/hf_compiled_buckets"] = float(len(self.first_call_s))
             figures["perf/hf_compile_first_call_s"] = float(sum(self.first_call_s.values()))
         if self.fused_compile and not self.compile:
-            compiled = self._compiled_step.first_call_s if self._compiled_step is not None else {}
-            figures["perf/hf_fused_compiled_shapes"] = float(len(compiled))
-            figures["perf/hf_fused_compile_first_call_s"] = float(sum(compiled.values()))
+            step = self._compiled_step
+            figures["perf/hf_fused_compile_graphs"] = float(step.graphs if step is not None else 0)
+            figures["perf/hf_fused_compile_s"] = float(sum(step.compile_s.values()) if step is not None else 0)
             figures["perf/hf_fused_compile_skipped"] = float(self.stats["fused_compile_skipped"])
         return figures
 
     def compile_stats(self) -> dict:
-        """The compiled path's buckets (or the compiled fused step's shapes), their first calls' seconds
-        (compilation included) and dynamo's count of distinct graphs."""
+        """The compiled path's buckets and their first calls' seconds (compilation included), or the
+        compiled fused step's graphs, shapes and the seconds of the calls that compiled; and dynamo's
+        count of distinct graphs."""
         from torch._dynamo.utils import counters
 
         if self.fused_compile and not self.compile:
-            compiled = self._compiled_step.first_call_s if self._compiled_step is not None else {}
+            step = self._compiled_step
             return {
                 "fused_compile": True,
-                "shapes": [list(shape) for shape in compiled],
-                "first_call_s": {"x".join(map(str, shape)): round(t, 3) for shape, t in compiled.items()},
+                "graphs": step.graphs if step is not None else 0,
+                "shapes_seen": len(step.shapes) if step is not None else 0,
+                "compile_s": {"x".join(map(str, shape)): round(t, 3) for shape, t in (step.compile_s.items() if step is not None else ())},
                 "skipped_calls": self.stats["fused_compile_skipped"],
                 "unique_graphs": int(counters["stats"]["unique_graphs"]),
             }
@@ -469,8 +472,8 @@ class HFEngine:
         self, fused: FusedDecoder, past: DynamicCache, additive: torch.Tensor, columns: int, params: SamplingParams
     ) -> Optional[StaticDecoding]:
         """This call's compiled decoding steps over the cache's buffers widened to ``column_bucket(columns)``,
-        or None when the compiled step has its ``max_shapes`` other shapes already (then the eager fused
-        step decodes; counted in ``fused_compile_skipped``)."""
+        or None for a shape not seen before once the compiled step has compiled its ``max_graphs``
+        graphs (then the eager fused step decodes; counted in ``fused_compile_skipped``)."""
         if self._compiled_step is None or self._compiled_step.decoder is not fused:
             self._compiled_step = CompiledFusedStep(fused, backend=self.compile_backend, mode=self.compile_mode)
         capacity = column_bucket(columns)

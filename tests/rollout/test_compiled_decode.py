@@ -1,7 +1,7 @@
 """The compiled fused decoding step (``HFEngine(fused_compile=True)``, ``engine.hf_fused_compile``) equals
 the eager fused step: greedy tokens identical and log-probs within 1e-5 (fp32) under inductor, through
-padding, shared prompts, prefix-cache hits, buffer widening and weight updates; shapes beyond its limit
-decode eagerly and are counted. Most tests trace with the ``eager`` backend (the same graph, run by
+padding, shared prompts, prefix-cache hits, buffer widening and weight updates; new sizes share one
+dynamic graph; unseen shapes beyond the graph limit decode eagerly and are counted. Most tests trace with the ``eager`` backend (the same graph, run by
 Python, in seconds); one compiles with inductor."""
 
 import pytest
@@ -44,7 +44,7 @@ def test_static_steps_equal_the_eager_fused_steps(world_tokenizer, architecture,
             torch.testing.assert_close(k1, k2, atol=1e-6, rtol=0)
             torch.testing.assert_close(v1, v2, atol=1e-6, rtol=0)
     figures = engine.metrics()
-    assert figures["perf/hf_fused_compiled_shapes"] >= 1 and figures["perf/hf_fused_compile_skipped"] == 0
+    assert figures["perf/hf_fused_compile_graphs"] >= 1 and figures["perf/hf_fused_compile_skipped"] == 0
 
 
 def test_inductor_compiled_steps_equal_the_eager_fused_steps(world_tokenizer):
@@ -57,8 +57,8 @@ def test_inductor_compiled_steps_equal_the_eager_fused_steps(world_tokenizer):
     compiled = HFEngine(model, world_tokenizer, fused_compile=True)
     _assert_same(compiled.generate(prompts, params), HFEngine(model, world_tokenizer).generate(prompts, params), atol=1e-5)
     stats = compiled.compile_stats()
-    assert stats["fused_compile"] and [shape[0] for shape in stats["shapes"]] == [len(prompts)]
-    assert all(t > 0 for t in stats["first_call_s"].values())
+    assert stats["fused_compile"] and stats["graphs"] == 1 and stats["shapes_seen"] == 1
+    assert [key.split("x")[0] for key in stats["compile_s"]] == [str(len(prompts))] and min(stats["compile_s"].values()) > 0
 
 
 def test_compiled_steps_follow_parameter_updates(world_tokenizer):
@@ -70,27 +70,45 @@ def test_compiled_steps_follow_parameter_updates(world_tokenizer):
     eager = HFEngine(model, world_tokenizer)
     prompts = chat_prompts(world_tokenizer)
     before = compiled.generate(prompts, params)
-    shapes = len(compiled._compiled_step.first_call_s)
+    graphs = compiled._compiled_step.graphs
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
     after = compiled.generate(prompts, params)
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
     _assert_same(after, eager.generate(prompts, params), atol=1e-6)
-    assert len(compiled._compiled_step.first_call_s) == shapes
+    assert compiled._compiled_step.graphs == graphs
 
 
-def test_shapes_beyond_the_limit_decode_eagerly_and_are_counted(world_tokenizer):
+def test_new_sizes_share_one_dynamic_graph(world_tokenizer):
+    """A second batch size compiles a graph with the sizes symbolic; later sizes and widths reuse it."""
+    torch._dynamo.reset()  # graphs earlier tests compiled for the same code would be reused
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager", prefix_cache=False)
+    eager = HFEngine(model, world_tokenizer, prefix_cache=False)
+    prompts = chat_prompts(world_tokenizer)
+    long_prompts = [p + p for p in prompts[:4]]  # a wider buffer
+    for batch in (prompts, prompts[:3], prompts[:5], long_prompts):
+        _assert_same(compiled.generate(batch, params), eager.generate(batch, params), atol=1e-6)
+    step = compiled._compiled_step
+    assert len(step.shapes) == 4 and step.graphs == 2 and len(step.compile_s) == 2
+
+
+def test_unseen_shapes_beyond_the_graph_limit_decode_eagerly_and_are_counted(world_tokenizer):
+    torch._dynamo.reset()
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager", prefix_cache=False)
     eager = HFEngine(model, world_tokenizer, prefix_cache=False)
     prompts = chat_prompts(world_tokenizer)
     compiled.generate(prompts, params)
-    compiled._compiled_step.max_shapes = 1  # the next batch size is a second shape
+    compiled._compiled_step.max_graphs = 1  # the one graph compiled so far is the limit
     _assert_same(compiled.generate(prompts[:3], params), eager.generate(prompts[:3], params), atol=1e-6)
     assert compiled.stats["fused_compile_skipped"] == 1
     assert compiled.metrics()["perf/hf_fused_compile_skipped"] == 1.0
+    compiled.generate(prompts, params)  # the shape it has a graph for still runs compiled
+    assert compiled.stats["fused_compile_skipped"] == 1
 
 
 def test_engine_config_fused_compile_option(world_tokenizer):

@@ -1,8 +1,10 @@
 """The compiled fused decoding step (``HFEngine(fused_compile=True)``, ``engine.hf_fused_compile``) equals
 the eager fused step: greedy tokens identical and log-probs within 1e-5 (fp32) under inductor, through
 padding, shared prompts, prefix-cache hits, buffer widening and weight updates; new sizes share one
-dynamic graph; unseen shapes beyond the graph limit decode eagerly and are counted. Most tests trace with the ``eager`` backend (the same graph, run by
-Python, in seconds); one compiles with inductor."""
+dynamic graph; unseen shapes beyond the graph limit decode eagerly and are counted. Most tests trace
+with the ``eager`` backend (the same graph, run by Python, in seconds); one compiles with inductor.
+Dynamo reuses code compiled for the same function and shapes in one process, so tests that count
+graphs reset it first."""
 
 import pytest
 import torch
@@ -25,8 +27,8 @@ def test_column_bucket_rounds_up_to_a_multiple_of_64():
     assert [column_bucket(n) for n in (1, 63, 64, 65, 128, 129)] == [64, 64, 64, 128, 128, 192]
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+# Each architecture's branches (biases, q/k norms, rotary scalings) once, greedy and sampled both covered.
+@pytest.mark.parametrize("architecture, temperature", [("qwen2", 0.0), ("qwen2", 1.0), ("llama", 1.0), ("qwen3", 0.0)])
 def test_static_steps_equal_the_eager_fused_steps(world_tokenizer, architecture, temperature):
     """The static-buffer step (every column of the widened buffer read, unwritten ones masked) and the
     sampler inside the graph give the eager fused step's tokens and log-probs; the same seed draws the
@@ -43,17 +45,17 @@ def test_static_steps_equal_the_eager_fused_steps(world_tokenizer, architecture,
         for (k1, v1), (k2, v2) in zip(engine.prefix_cache.entries[key][1], reference.prefix_cache.entries[key][1]):
             torch.testing.assert_close(k1, k2, atol=1e-6, rtol=0)
             torch.testing.assert_close(v1, v2, atol=1e-6, rtol=0)
-    figures = engine.metrics()
-    assert figures["perf/hf_fused_compile_graphs"] >= 1 and figures["perf/hf_fused_compile_skipped"] == 0
+    assert engine._compiled_step.shapes  # the compiled step decoded (its graphs may come from earlier tests)
+    assert engine.metrics()["perf/hf_fused_compile_skipped"] == 0
 
 
 def test_inductor_compiled_steps_equal_the_eager_fused_steps(world_tokenizer):
     """Inductor's generated kernels round differently from eager ones: greedy tokens identical, log-probs
-    within 1e-5. One call, so one graph (~10 s of compilation on two cores)."""
+    within 1e-5. One call, so one graph (~15 s of compilation on two cores with a cold inductor cache)."""
     model = build_tiny_model(TinyModelSpec(num_layers=1), world_tokenizer, seed=0)  # fewer kernels to compile
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
     prompts = chat_prompts(world_tokenizer)  # of several lengths, one shared by four rows
-    torch._dynamo.reset()  # dynamo would reuse the code an ``eager``-backend test compiled for the same shapes
+    torch._dynamo.reset()  # or dynamo would reuse the code an ``eager``-backend test compiled for these shapes
     compiled = HFEngine(model, world_tokenizer, fused_compile=True)
     _assert_same(compiled.generate(prompts, params), HFEngine(model, world_tokenizer).generate(prompts, params), atol=1e-5)
     stats = compiled.compile_stats()

@@ -51,7 +51,7 @@ def test_static_steps_equal_the_eager_fused_steps(world_tokenizer, architecture,
 
 def test_inductor_compiled_steps_equal_the_eager_fused_steps(world_tokenizer):
     """Inductor's generated kernels round differently from eager ones: greedy tokens identical, log-probs
-    within 1e-5. One call, so one graph (~15 s of compilation on two cores with a cold inductor cache)."""
+    within 1e-5. One call, so one graph (~4 s of compilation on two cores with an empty inductor cache)."""
     model = build_tiny_model(TinyModelSpec(num_layers=1), world_tokenizer, seed=0)  # fewer kernels to compile
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
     prompts = chat_prompts(world_tokenizer)  # of several lengths, one shared by four rows

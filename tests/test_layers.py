@@ -86,10 +86,17 @@ def test_imports_point_down_the_layers():
     assert not violations, "\n".join(violations)
 
 
-def test_algos_import_no_framework():
-    code = "import sys, r3lightning.algos; print(sorted(m for m in ('lightning', 'transformers', 'vllm') if m in sys.modules))"
+def test_algos_import_no_framework_and_experience_no_lightning():
+    """``r3lightning.algos`` is pure torch (no Lightning, transformers or vLLM), and the experience
+    collation in ``r3lightning.data.experience`` imports no Lightning; one fresh process checks both."""
+    code = (
+        "import sys, r3lightning.algos\n"
+        "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'vllm') if m in sys.modules))\n"
+        "import r3lightning.data.experience\n"
+        "print(sorted(m for m in ('lightning', 'pytorch_lightning') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"], out.stdout
 
 
 def test_callbacks_install_under_the_package_name(tmp_path):

@@ -94,11 +94,3 @@ def test_reward_shaping_hook_feeds_the_advantages():
 
     with pytest.raises(ValueError, match="2 rewards for 3 trajectories"):
         make_experience(Exploration([group]), AlgorithmConfig(), 1.0, 0, shape_rewards=lambda groups: [0.0, 0.0])
-
-
-def test_no_lightning_import():
-    import subprocess
-    import sys
-
-    code = "import sys, r3lightning.data.experience; print('lightning' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -32,6 +32,10 @@ TRL's ``on_step_begin``), so it includes logging, callbacks and the data loader.
   the step minus ``_generate_and_score_completions`` and ``other``... see ``trl_worker``);
 - ``sync``: vLLM weight sync (``VLLMWeightSync.sync``), 0 for the others;
 - ``other``: the step minus all of the above (logging, callbacks, Lightning's loop, the data loader).
+
+Inside ``rollout``, r3lightning's figures also give ``generate``: the engine's ``generate`` calls alone
+(the rest of ``rollout`` is the agent loop around them: episode starts, prompt tokens, decoding the
+completions to text, building trajectories). It is not one of the parts above (they sum to the step).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ TRL_VENV = HERE / ".venv-trl"
 SHAPE = dict(hidden_size=256, num_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=688)
 GROUP, TASKS, NEW_TOKENS, TEMPERATURE, LR, CLIP = 8, 8, 32, 1.0, 1e-6, 0.2
 PARTS = ("rollout", "reward", "experience", "train", "sync", "other")
+SUBPARTS = ("generate",)  # inside rollout; r3lightning workers only
 
 
 # ---- the task: "What is a + b?" / "What is a - b?" with answers 0-9 -------------------------------------
@@ -164,7 +169,7 @@ def r3l_worker(args) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    timings: dict[str, float] = {p: 0.0 for p in PARTS}
+    timings: dict[str, float] = {p: 0.0 for p in (*PARTS, *SUBPARTS)}
     items, order = problems(), task_order(100_000)
 
     class Env:
@@ -228,6 +233,9 @@ def r3l_worker(args) -> dict:
     marks: list[tuple[float, dict]] = []
 
     class Clock(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            time_method(pl_module.engine, "generate", timings, "generate")
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             marks.append((time.perf_counter(), dict(timings)))
 
@@ -240,7 +248,7 @@ def r3l_worker(args) -> dict:
     wall = time.perf_counter() - start
     for (t0, before), (t1, after) in zip(marks[args.warmup:], marks[args.warmup + 1:]):
         step = {"step": t1 - t0}
-        for part in PARTS:
+        for part in (*PARTS, *SUBPARTS):
             if part != "other":
                 step[part] = after[part] - before[part]
         step["rollout"] -= step["reward"]  # env steps happen inside the rollout
@@ -342,9 +350,14 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
     return json.loads(line[len("RESULT "):])
 
 
+def measured_parts(steps: list[dict]) -> tuple[str, ...]:
+    """The step, its parts and the sub-parts this worker measured."""
+    return ("step", *PARTS, *(p for p in SUBPARTS if p in steps[0]))
+
+
 def summarize(result: dict) -> dict:
     steps = result["steps"]
-    return {part: statistics.median(s[part] for s in steps) for part in ("step", *PARTS)}
+    return {part: statistics.median(s[part] for s in steps) for part in measured_parts(steps)}
 
 
 def main() -> None:
@@ -420,7 +433,7 @@ def main() -> None:
     for variant, results in runs.items():
         if not results:
             continue
-        for part in ("step", *PARTS):
+        for part in measured_parts(results[0]["steps"]):
             values = [r["median"][part] for r in results]
             figures[f"{variant}_{part}_s"] = round(statistics.median(values), 4)
             figures[f"{variant}_{part}_s_repeats"] = [round(v, 4) for v in values]
@@ -434,9 +447,9 @@ def main() -> None:
     for key in ("rollout_s", "train_s"):
         limits[key] = (limits_before[key] + limits_after[key]) / 2
     for variant in runs:
-        for part in ("rollout", "train"):
+        for part, limit in (("rollout", "rollout_s"), ("generate", "rollout_s"), ("train", "train_s")):
             if f"{variant}_{part}_s" in figures:
-                figures[f"{variant}_{part}_over_flop_limit"] = round(figures[f"{variant}_{part}_s"] / limits[f"{part}_s"], 2)
+                figures[f"{variant}_{part}_over_flop_limit"] = round(figures[f"{variant}_{part}_s"] / limits[limit], 2)
     for variant in runs:
         before = f"{variant}_before"
         if runs.get(before) and runs[variant]:
@@ -474,7 +487,7 @@ def main() -> None:
             "loss": "PPO-clip, token mean (TRL loss_type='dapo')", "threads": args.threads, "repeats": args.repeats,
             "steps_per_worker": args.steps, "warmup_steps_per_worker": args.warmup,
             "statistic": "per worker: median over its timed steps; reported: median over interleaved repeats",
-            "parts": list(PARTS),
+            "parts": list(PARTS), "subparts": {"generate": "inside rollout: the engine's generate calls (r3lightning only)"},
         }
         document.setdefault("measurements", {})[args.label] = measurement
         document["machine"] = measurement["machine"]

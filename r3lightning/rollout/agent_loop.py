@@ -191,14 +191,6 @@ class _EnvCaller:
             if batch.abandoned:
                 return
 
-    def __call__(self, fn: Callable, *args, timeout_s: Optional[float]):
-        if timeout_s is None:
-            return fn(*args)
-        ok, value = self.call_each([(fn, args)], timeout_s)[0]
-        if not ok:
-            raise value
-        return value
-
     def call_each(self, calls: list[tuple[Callable, tuple]], timeout_s: Optional[float]) -> list[tuple[bool, object]]:
         """``(True, result)`` or ``(False, exception)`` for every ``(fn, args)``, in order."""
         if timeout_s is None:
@@ -339,7 +331,7 @@ class AgentLoop:
     def _play(self, requests: list[EpisodeRequest], respond: Callable[[list["_Episode"]], list[Optional[Generation]]]) -> list[Trajectory]:
         self._first_prompts.clear()
         try:
-            episodes = [self._start(index, request) for index, request in enumerate(requests)]
+            episodes = self._start(requests)
             while True:
                 active = [ep for ep in episodes if not ep.done]
                 if not active:
@@ -374,13 +366,24 @@ class AgentLoop:
         if message != observation:
             ep.unguided_context = self._context_for(ep, observation, previous_eos)
 
-    def _start(self, index: int, request: EpisodeRequest) -> _Episode:
-        env = self.suite.make_env()
-        ep = _Episode(index=index, request=request, env=env, turns=[], pending_context=[], context_len=0)
-        observation = self._reset(ep)
-        if observation is None:
-            return ep
-        for turn in request.prefix:
+    def _start(self, requests: list[EpisodeRequest]) -> list[_Episode]:
+        """An episode per request, its environment reset and its prefix (if any) replayed. The resets go
+        to the env-call thread in one hand-off, as a turn's steps do: a hand-off per episode cost ~0.1 ms,
+        7 ms of the GRPO benchmark's 64-episode rollout."""
+        episodes = [
+            _Episode(index=index, request=request, env=self.suite.make_env(), turns=[], pending_context=[], context_len=0)
+            for index, request in enumerate(requests)
+        ]
+        outcomes = self._call.call_each([(ep.env.reset, (ep.request.task,)) for ep in episodes], self.config.step_timeout_s)
+        for ep, outcome in zip(episodes, outcomes):
+            observation = self._reset_outcome(ep, outcome)
+            if observation is not None:
+                self._replay_prefix(ep, observation)
+        return episodes
+
+    def _replay_prefix(self, ep: _Episode, observation: str) -> None:
+        """Replay the request's prefix turns in the environment, then queue the next observation."""
+        for turn in ep.request.prefix:
             ep.turns.append(turn)
             ep.context_len += len(turn.context_ids) + len(turn.response_ids)
             if turn.malformed:
@@ -393,18 +396,16 @@ class AgentLoop:
                 # The environment did not replay the prefix as it played it (a verifier timeout, an error,
                 # an episode that ended): this retry is lost, not the step. The explorer drops and counts it.
                 ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "replay_failed", True, 0.0
-                return ep
+                return
             observation = result.observation
         self._queue_observation(ep, observation)
-        return ep
 
-    def _reset(self, ep: _Episode) -> Optional[str]:
+    def _reset_outcome(self, ep: _Episode, outcome: tuple[bool, object]) -> Optional[str]:
         """The first observation, or None when ``reset`` failed or hung (the episode then ends as an
         environment error with no turn, like a failed step). Malformed results are refused."""
-        try:
-            observation = self._call(ep.env.reset, ep.request.task, timeout_s=self.config.step_timeout_s)
-        except (CallTimeout, Exception) as err:
-            self._env_failed(ep, err)
+        ok, observation = outcome
+        if not ok:
+            self._env_failed(ep, observation)
             return None
         if not isinstance(observation, str):
             raise ValueError(

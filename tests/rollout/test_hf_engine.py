@@ -5,7 +5,9 @@ import torch
 from r3lightning.algos import selective_log_softmax
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams, truncate_at_stop
-from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache
+from array import array
+
+from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache, long_tensor
 
 
 def _prompts(tokenizer):
@@ -141,3 +143,32 @@ def test_prefix_cache_hashes_on_cpu_whatever_the_default_device():
     kv = [(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1))]
     cache.put([1, 2, 3], kv)
     assert cache.longest_prefix([1, 2, 3, 4])[0] == 3
+
+
+def test_long_tensor_equals_torch_tensor_on_cpu_whatever_the_default_device():
+    tokens = [3, 0, 2**40, 859]
+    with torch.device("meta"):
+        made = [long_tensor(tokens), long_tensor(array("q", tokens)), long_tensor([])]
+    assert all(t.device.type == "cpu" and t.dtype == torch.long for t in made)
+    assert torch.equal(made[0], torch.tensor(tokens)) and torch.equal(made[1], torch.tensor(tokens))
+    assert made[2].shape == (0,)
+
+
+def test_batch_layout_and_cached_prefixes_written_into_the_growing_buffer(world_tokenizer, world_policy):
+    # Row 0 has 2 cached tokens and 1 to prefill, row 1 nothing cached and 3 to prefill: cached parts
+    # are left-padded to 2 columns, suffixes to 3, so both rows end at column 5.
+    engine = HFEngine(world_policy, world_tokenizer)
+    pad = world_tokenizer.pad_token_id
+    keys, values = torch.arange(4.0).view(1, 2, 2), -torch.arange(4.0).view(1, 2, 2)  # [KVH, 2 cached, D]
+    ids, mask, past = engine._batch_inputs([[5, 6, 7], [9, 10, 11]], [(2, [(keys, values)]), (0, None)], torch.device("cpu"), new_tokens=3)
+    assert ids.tolist() == [[5, 6, pad, pad, 7], [pad, pad, 9, 10, 11]]
+    assert mask.tolist() == [[1, 1, 0, 0, 1], [0, 0, 1, 1, 1]]
+    layer = past.layers[0]
+    assert past.get_seq_length() == 2
+    assert torch.equal(layer.keys[0], keys) and torch.equal(layer.values[0], values)
+    assert not layer.keys[1].any() and not layer.values[1].any()  # nothing cached: zeros (finite, masked)
+    buffer = layer.keys.data_ptr()
+    appended = torch.ones(2, 1, 3, 2)
+    out_keys, _ = past.update(appended, appended, 0)  # the suffix's prefill appends in place
+    assert out_keys.shape == (2, 1, 5, 2) and out_keys.data_ptr() == buffer
+    assert torch.equal(out_keys[:, :, 2:], appended) and torch.equal(out_keys[0, :, :2], keys)

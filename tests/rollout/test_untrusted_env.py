@@ -2,6 +2,7 @@
 ``reset`` gets the deadline and error handling of ``step``, malformed results are refused by name."""
 
 import math
+import threading
 import time
 
 import pytest
@@ -81,6 +82,24 @@ def test_reset_raising_or_hanging_ends_that_episode_as_an_environment_error(worl
     start = time.perf_counter()
     traj = play(suite_returning(StepResult("", 1.0, True, {}), reset=hang), world_tokenizer)
     assert time.perf_counter() - start < 3 and traj.end_reason == "env_error" and "Timeout" in traj.env_error
+
+
+def test_a_batch_of_episodes_resets_in_one_hand_off_to_the_env_thread(world_tokenizer):
+    # One hand-off per episode was a cost no batch size shrinks: the resets go together, as a turn's steps do.
+    seen = []
+
+    def reset(task):
+        seen.append(threading.current_thread().name)
+        return "question"
+
+    loop = AgentLoop(suite_returning(StepResult("", 1.0, True, {}), reset=reset), ScriptedEngine(world_tokenizer, lambda _: "4"),
+                     world_tokenizer, AgentLoopConfig(action_format="raw", step_timeout_s=5.0))
+    hand_offs = []
+    call_each = loop._call.call_each
+    loop._call.call_each = lambda calls, timeout_s: hand_offs.append(len(calls)) or call_each(calls, timeout_s)
+    trajectories = loop.run([EpisodeRequest(task=Task(f"t{i}", "question")) for i in range(5)], SamplingParams(max_new_tokens=4))
+    assert hand_offs == [5, 5]  # the five resets, then the five steps of the only turn
+    assert seen == ["r3l-env-call"] * 5 and all(t.reward == 1.0 for t in trajectories)
 
 
 @pytest.mark.parametrize(

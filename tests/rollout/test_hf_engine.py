@@ -110,10 +110,12 @@ def test_prefix_cache_greedy_equals_uncached_engine(world_tokenizer, world_polic
 
 def test_prefix_cache_is_dropped_when_weights_change(world_tokenizer, world_policy):
     engine = HFEngine(world_policy, world_tokenizer)
+    stores, store = [], engine._store
+    engine._store = lambda *args: stores.append(len(args[0])) or store(*args)
     prompts = _prompts(world_tokenizer)
     params = SamplingParams(temperature=0.0, max_new_tokens=4)
     gens = engine.generate(prompts, params)
-    assert engine.prefix_cache.entries
+    assert not engine.prefix_cache.entries and not stores  # cut into entries by the next call only
     with torch.no_grad():
         for p in world_policy.parameters():
             p.mul_(1.01)
@@ -121,6 +123,9 @@ def test_prefix_cache_is_dropped_when_weights_change(world_tokenizer, world_poli
     reused_before = engine.stats["reused_prompt_tokens"]
     engine.generate(longer, params)
     assert engine.stats["reused_prompt_tokens"] == reused_before
+    assert not stores  # the first call's sequences were never cut: the weights had changed
+    engine.flush_prefix_cache()
+    assert stores == [len(prompts)] and len(engine.prefix_cache.entries) == len(prompts)
 
 
 def test_prefix_cache_evicts_least_recently_used():

@@ -254,7 +254,7 @@ class HFEngine:
         self.prefix_cache = PrefixKVCache(max_cached_tokens) if prefix_cache else None
         self._weights_state: tuple = ()
         self._cached_under: Optional[tuple] = None
-        self._unstored: Optional[tuple] = None  # the last call's (prompts, generations, attention mask, cache)
+        self._unstored: Optional[tuple] = None  # the last call's (sequences, attention mask, cache) for _store
         self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0, "fused_compile_skipped": 0}
         self.fused_decode = fused_decode
         self._fused: Optional[FusedDecoder] = None
@@ -423,7 +423,9 @@ class HFEngine:
             for row in range(len(prompts))
         ]
         if self.prefix_cache is not None:
-            self._unstored = (prompts, generations, attention_mask[:rows], cache)
+            # The sequences are new lists: the caller may extend its prompt lists before they are stored.
+            sequences = [prompt + gen.token_ids[: max(len(gen.token_ids) - 1, 0)] for prompt, gen in zip(prompts, generations)]
+            self._unstored = (sequences, attention_mask[:rows], cache)
         return generations
 
     def _decode(
@@ -676,10 +678,9 @@ class HFEngine:
             layers.append((keys, values))
         return input_ids.to(device), attention_mask.to(device), growing_cache(capacity, layers, filled=cache_width)
 
-    def _store(
-        self, prompts: list[list[int]], generations: list[Generation], attention_mask: torch.Tensor, cache
-    ) -> None:
-        """Keep each row's KV for prompt + completion minus its last token (never fed to the model).
+    def _store(self, sequences: list[list[int]], attention_mask: torch.Tensor, cache) -> None:
+        """Keep each row's KV for its sequence: prompt + completion minus its last token (never fed to the
+        model), ``attention_mask`` [B, W] marking the prompt's columns of ``cache``.
 
         The rows' entries are views of one tensor gathered for the whole call, so that tensor lives
         until the last of them is evicted; entries of one call are stored together and age together, so
@@ -693,23 +694,22 @@ class HFEngine:
         # gathered for all rows at once (one index per layer) and cut per row.
         width = attention_mask.shape[1]
         device = attention_mask.device
-        fed = [max(len(gen.token_ids) - 1, 0) for gen in generations]
+        row_lengths = long_tensor([len(sequence) for sequence in sequences]).to(device)
         attended = attention_mask.sum(dim=1)  # [B] prompt columns per row
-        row_lengths = attended + torch.tensor(fed, device=device)
         lengths = row_lengths.tolist()
         prompt_columns = torch.argsort(attention_mask == 0, dim=1, stable=True)  # attended columns first, in order
         j = torch.arange(max(max(lengths), 1), device=device)[None]  # [1, longest]
         index = torch.where(
             j < attended[:, None],
-            prompt_columns.gather(1, j.clamp(max=width - 1).expand(len(prompts), -1)),
+            prompt_columns.gather(1, j.clamp(max=width - 1).expand(len(sequences), -1)),
             width + j - attended[:, None],  # completion columns follow the cached width
         )
         index = torch.where(j < row_lengths[:, None], index, 0)  # [B, longest]
-        rows = torch.arange(len(prompts), device=device)[:, None]
+        rows = torch.arange(len(sequences), device=device)[:, None]
         gathered = [
             (layer.keys[rows, :, index].transpose(1, 2), layer.values[rows, :, index].transpose(1, 2))  # [B, KVH, longest, D]
             for layer in cache.layers
         ]
-        for row, (prompt, gen) in enumerate(zip(prompts, generations)):
+        for row, sequence in enumerate(sequences):
             kv = [(keys[row, :, : lengths[row]], values[row, :, : lengths[row]]) for keys, values in gathered]
-            self.prefix_cache.put(prompt + gen.token_ids[: fed[row]], kv)
+            self.prefix_cache.put(sequence, kv)

@@ -177,3 +177,16 @@ def test_batch_layout_and_cached_prefixes_written_into_the_growing_buffer(world_
     out_keys, _ = past.update(appended, appended, 0)  # the suffix's prefill appends in place
     assert out_keys.shape == (2, 1, 5, 2) and out_keys.data_ptr() == buffer
     assert torch.equal(out_keys[:, :, 2:], appended) and torch.equal(out_keys[0, :, :2], keys)
+
+
+def test_stored_sequences_do_not_follow_later_edits_of_the_callers_prompt_lists(world_tokenizer, world_policy):
+    # Sequences are stored at the next call; a caller that extends its prompt lists in place meanwhile
+    # must not change what the stored keys and values stand for.
+    engine = HFEngine(world_policy, world_tokenizer)
+    prompts = _prompts(world_tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    expected = [p + g.token_ids[:-1] for p, g in zip(prompts, engine.generate(prompts, params))]
+    for prompt in prompts:
+        prompt.extend([5, 6, 7])
+    engine.flush_prefix_cache()
+    assert sorted(engine.prefix_cache.entries) == sorted(tuple(sequence) for sequence in expected)

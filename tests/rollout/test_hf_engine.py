@@ -1,12 +1,12 @@
 """The hf engine: batched sampling on the live policy with behaviour log-probs."""
 
+from array import array
+
 import torch
 
 from r3lightning.algos import selective_log_softmax
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams, truncate_at_stop
-from array import array
-
 from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache, long_tensor
 
 

@@ -62,8 +62,9 @@ class CompiledFusedStep:
         graphs_before, start = compiled_graphs(), time.perf_counter()
         picked = self.fn(token_ids, positions, column, buffers, attention_mask, draw, temperature, top_p)
         self.shapes.add(shape)
-        if compiled_graphs() > graphs_before:
-            self.graphs += compiled_graphs() - graphs_before
+        new_graphs = compiled_graphs() - graphs_before
+        if new_graphs:
+            self.graphs += new_graphs
             self.compile_s[shape] = time.perf_counter() - start
         return picked
 

@@ -55,17 +55,18 @@ class CompiledFusedStep:
         return shape in self.shapes or self.graphs < self.max_graphs
 
     def __call__(self, token_ids, positions, column, buffers, attention_mask, draw, temperature: float, top_p: float):
-        """Token [B] and log-prob [B] after ``token_ids`` (see ``FusedDecoder.step_static`` and ``next_tokens``)."""
+        """Token [B] and log-prob [B] after ``token_ids`` (see ``FusedDecoder.step_static`` and ``next_tokens``).
+
+        Graphs are counted on every call, not only for new shapes: dynamo also recompiles a known shape
+        when another guard fails (an input's strides, say), and such a compilation must show."""
         shape = (token_ids.shape[0], attention_mask.shape[-1], temperature, top_p)
-        if shape in self.shapes:
-            return self.fn(token_ids, positions, column, buffers, attention_mask, draw, temperature, top_p)
         graphs_before, start = compiled_graphs(), time.perf_counter()
         picked = self.fn(token_ids, positions, column, buffers, attention_mask, draw, temperature, top_p)
         self.shapes.add(shape)
         new_graphs = compiled_graphs() - graphs_before
         if new_graphs:
             self.graphs += new_graphs
-            self.compile_s[shape] = time.perf_counter() - start
+            self.compile_s[shape] = self.compile_s.get(shape, 0.0) + time.perf_counter() - start
         return picked
 
 
@@ -96,6 +97,9 @@ class StaticDecoding:
         """The next token [B] and its log-prob [B] after ``token_ids`` [B] at ``positions`` [B] (``draw``:
         the sampler's uniforms [B, 1], None when greedy); their keys and values fill the next column."""
         self.mask[..., self.filled] = 0.0
+        # Contiguous inputs: the first step's positions are a column of the prompts' [B, W] positions,
+        # and a graph compiled for that stride would be compiled again for the next steps' [B].
+        token_ids, positions = token_ids.contiguous(), positions.contiguous()
         picked = self.step_fn(token_ids, positions, self.column, self.buffers, self.mask, draw, temperature, top_p)
         self.column += 1
         self.filled += 1

@@ -12,7 +12,7 @@ import torch
 from fused_models import chat_prompts, run_two_calls
 
 from r3lightning.models import TinyModelSpec, build_tiny_model
-from r3lightning.rollout.compiled_decode import column_bucket
+from r3lightning.rollout.compiled_decode import column_bucket, compiled_graphs
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.hf_engine import HFEngine
@@ -100,6 +100,22 @@ def test_new_sizes_share_one_dynamic_graph(world_tokenizer):
         _assert_same(compiled.generate(batch, params), eager.generate(batch, params), atol=1e-6)
     step = compiled._compiled_step
     assert len(step.shapes) == 4 and step.graphs == 2 and len(step.compile_s) == 2
+
+
+def test_a_group_batch_compiles_one_graph_and_counts_every_compilation(world_tokenizer):
+    """When every row's prompt is shared (a GRPO batch), the first decoding step reads a column of the
+    prompts' positions; a strided column would make dynamo compile a second graph at the next step (a
+    stride guard), doubling the compile time. One graph, and the engine's count agrees with dynamo's."""
+    torch._dynamo.reset()
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager")
+    compiled.stop_token_ids = {-1}  # every step decodes
+    prompts = [prompt for prompt in chat_prompts(world_tokenizer, shared=False)[:2] for _ in range(4)]
+    before = compiled_graphs()
+    compiled.generate(prompts, params)
+    assert compiled_graphs() - before == compiled._compiled_step.graphs == 1
+    assert compiled.compile_stats()["graphs"] == 1
 
 
 def test_unseen_shapes_beyond_the_graph_limit_decode_eagerly_and_are_counted(world_tokenizer):

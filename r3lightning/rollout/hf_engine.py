@@ -381,7 +381,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            cached = self._share_repeated_prompts(prompts, cached, device)
+            # transformers' compiled generate needs an uncached token per row to start from.
+            cached, first_logits = self._share_repeated_prompts(prompts, cached, device, whole=not self.compile)
         finally:
             self.model.train(was_training)
         batch_prompts, batch_cached, bucket = prompts, cached, None
@@ -404,7 +405,7 @@ class HFEngine:
             if self.compile:
                 new_tokens, logprobs, cache = self._generate_compiled(input_ids, attention_mask, past, params, compile_kwargs)
             else:
-                new_tokens, logprobs, cache = self._decode(input_ids, attention_mask, past, params)
+                new_tokens, logprobs, cache = self._decode(input_ids, attention_mask, past, params, first_logits)
         finally:
             self.model.train(was_training)
         if bucket is not None and bucket not in self.first_call_s:
@@ -429,14 +430,17 @@ class HFEngine:
         return generations
 
     def _decode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: Optional[DynamicCache], params: SamplingParams
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: Optional[DynamicCache], params: SamplingParams,
+        first_logits: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """Sampled tokens [B, n], their behaviour log-probs [B, n] and the cache, for rows laid out by
         ``_batch_inputs`` (whose first ``past`` columns are cached).
 
         The decoding loop, in place of ``generate``'s (whose per-step bookkeeping and sampler cost a fifth
         of a rollout at this scale): the uncached columns are prefilled, then every step feeds each row's
-        last token at the next position. Rows that emitted a stop token (or completed a stop string) are
+        last token at the next position. With ``first_logits`` [B, V] (the logits after each row's whole
+        prompt, every column of which is cached: ``_share_repeated_prompts``) the first token is drawn
+        from them and nothing is prefilled. Rows that emitted a stop token (or completed a stop string) are
         fed the pad token afterwards; the loop ends when every row has finished or the budget is spent.
         The next token and its log-prob come from ``next_tokens`` (greedy: the arg max; sampling:
         ``sample_tokens``), inside the compiled step with ``fused_compile``. Only the tokenizer's stop
@@ -447,12 +451,12 @@ class HFEngine:
         rows = input_ids.shape[0]
         cached = past.get_seq_length() if past is not None else 0
         positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-        step_ids, step_positions = input_ids[:, cached:], positions[:, cached:]
+        step_ids, step_positions = input_ids[:, cached:], positions[:, cached:] if first_logits is None else positions[:, -1:]
         stop_tokens = torch.tensor(sorted(self.stop_token_ids), device=input_ids.device)
         stop_strings = StopStringCriteria(self.tokenizer, params.stop) if params.stop else None
         finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
         fused = self._fused_decoder(past)
-        first_decode_step = 0 if step_ids.shape[1] == 1 else 1  # after the prefill, if any
+        first_decode_step = 0 if first_logits is None and step_ids.shape[1] == 1 else 1  # after the prefill, if any
         if fused is not None:
             # Every decoding step's mask, prepared once: [B, 1, 1, width + budget], additive (0 where a
             # row attends, the dtype's minimum on its padding); step s reads its first width + s columns.
@@ -464,7 +468,9 @@ class HFEngine:
         for step in range(params.max_new_tokens):
             draw = None if params.greedy else torch.rand((rows, 1), device=input_ids.device)  # the sampler's uniforms
             logits = None  # stays None when the compiled step picked the token itself
-            if fused is not None and step_ids.shape[1] == 1:  # one new column per row (the prefill too, after a cache hit)
+            if step == 0 and first_logits is not None:
+                logits = first_logits
+            elif fused is not None and step_ids.shape[1] == 1:  # one new column per row (the prefill too, after a cache hit)
                 if self.fused_compile and static is None and step == first_decode_step:
                     static = self._static_decoding(fused, past, additive, input_ids.shape[1] + params.max_new_tokens, params)
                 if static is not None:
@@ -589,29 +595,33 @@ class HFEngine:
         return cache
 
     def _share_repeated_prompts(
-        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device
-    ) -> list[tuple[int, Optional[LayerKV]]]:
+        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device, whole: bool = True
+    ) -> tuple[list[tuple[int, Optional[LayerKV]]], Optional[torch.Tensor]]:
         """Encode a prompt that several rows share (a GRPO group's samples) once, not once per row.
 
         For every prompt that occurs more than once in the batch, its tokens but the last are run through
         the model once (continuing from its prefix-cache hit, if any), and every row with that prompt
         takes this KV as its cached prefix; ``generate`` then prefills only the last token of each row,
-        as for a prefix-cache hit (same numerics: tests/rollout/test_hf_engine.py). On the CPU the
-        fused prefill encodes them when the fused step covers the model, as in ``_decode``.
+        as for a prefix-cache hit (same numerics: tests/rollout/test_hf_engine.py). When every row's
+        prompt is shared (and ``whole``), the prompts are encoded whole and their last logits returned
+        per row [B, V] (else None): the first token is drawn from them, and the group's rows skip one
+        decoding step over the whole batch. On the CPU the fused prefill encodes them when the fused
+        step covers the model, as in ``_decode``.
         """
         rows_of: dict[tuple[int, ...], list[int]] = {}
         for row, prompt in enumerate(prompts):
             rows_of.setdefault(tuple(prompt), []).append(row)
-        shared = [rows for rows in rows_of.values() if len(rows) > 1 and cached[rows[0]][0] < len(prompts[rows[0]]) - 1]
+        whole = whole and all(len(rows) > 1 for rows in rows_of.values()) and all(prompts)
+        shared = [rows for rows in rows_of.values() if len(rows) > 1 and (whole or cached[rows[0]][0] < len(prompts[rows[0]]) - 1)]
         if not shared:
-            return cached
-        heads = [prompts[rows[0]][:-1] for rows in shared]
+            return cached, None
+        heads = [prompts[rows[0]] if whole else prompts[rows[0]][:-1] for rows in shared]
         input_ids, attention_mask, past = self._batch_inputs(heads, [cached[rows[0]] for rows in shared], device)
         start = past.get_seq_length() if past is not None else 0
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)[:, start:]
         fused = self._fused_decoder(past, count_fallback=False) if device.type == "cpu" else None  # as in _decode
         if fused is not None:
-            fused.prefill(input_ids[:, start:], position_ids, past, attention_mask)
+            logits = fused.prefill(input_ids[:, start:], position_ids, past, attention_mask)
             layers = past.layers
         else:
             out = self.model(
@@ -622,16 +632,18 @@ class HFEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            layers = out.past_key_values.layers
+            logits, layers = out.logits[:, -1], out.past_key_values.layers
         if not all(type(layer) in (DynamicLayer, GrowingLayer) for layer in layers):
-            return cached  # sliding-window or linear-attention layers: no re-padding per row
+            return cached, None  # sliding-window or linear-attention layers: no re-padding per row
         cached = list(cached)
+        group_of_row = [0] * len(prompts)
         for index, rows in enumerate(shared):
             columns = attention_mask[index].nonzero().squeeze(1)
             kv = [(layer.keys[index][:, columns], layer.values[index][:, columns]) for layer in layers]
             for row in rows:
                 cached[row] = (len(heads[index]), kv)
-        return cached
+                group_of_row[row] = index
+        return cached, logits.float()[long_tensor(group_of_row).to(logits.device)] if whole else None
 
     def _batch_inputs(
         self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device, new_tokens: int = 0

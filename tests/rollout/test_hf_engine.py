@@ -7,6 +7,7 @@ import torch
 from r3lightning.algos import selective_log_softmax
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import SamplingParams, truncate_at_stop
+from r3lightning.rollout.fused_decode import FusedDecoder
 from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache, long_tensor
 
 
@@ -32,6 +33,38 @@ def test_logprobs_match_trainer_recomputation(world_tokenizer, world_policy):
     prompts = _prompts(world_tokenizer)
     params = SamplingParams(temperature=0.7, max_new_tokens=8)
     for prompt, gen in zip(prompts, engine.generate(prompts, params)):
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            logits = world_policy(input_ids=ids).logits[:, :-1] / 0.7
+        recomputed = selective_log_softmax(logits, ids[:, 1:])[0, len(prompt) - 1 :]
+        torch.testing.assert_close(recomputed, torch.tensor(gen.logprobs), atol=1e-4, rtol=0)
+
+
+def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_tokenizer, world_policy, monkeypatch):
+    """Every prompt repeated (a GRPO batch, prompts of different lengths): the prompts are encoded whole
+    once and the first tokens drawn from those logits, so decoding takes one step fewer over the whole
+    batch; tokens and behaviour log-probs are those of the forward (greedy: of each prompt alone)."""
+    steps = []
+    step = FusedDecoder.step
+    monkeypatch.setattr(FusedDecoder, "step", lambda self, *args: steps.append(1) or step(self, *args))
+    engine = HFEngine(world_policy, world_tokenizer)
+    engine.stop_token_ids = {-1}  # every row decodes the whole budget
+    prompts = [prompt for prompt in _prompts(world_tokenizer) for _ in range(3)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    batched = engine.generate(prompts, greedy)
+    assert len(steps) == greedy.max_new_tokens - 1
+    single = [engine.generate([p], greedy)[0] for p in prompts[::3]]
+    assert [g.token_ids for g in batched] == [g.token_ids for g in single for _ in range(3)]
+    # Next turns whose prompts continue the single calls' sequences: each group continues a prefix-cache hit.
+    follow = [p + g.token_ids + p[-3:] for p, g in zip(prompts[::3], single) for _ in range(3)]
+    reused = engine.stats["reused_prompt_tokens"]
+    continued = engine.generate(follow, greedy)
+    assert engine.stats["reused_prompt_tokens"] > reused
+    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False)
+    fresh.stop_token_ids = {-1}
+    assert [g.token_ids for g in continued] == [fresh.generate([p], greedy)[0].token_ids for p in follow]
+    torch.manual_seed(0)
+    for prompt, gen in zip(prompts, engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=6))):
         ids = torch.tensor([prompt + gen.token_ids])
         with torch.no_grad():
             logits = world_policy(input_ids=ids).logits[:, :-1] / 0.7

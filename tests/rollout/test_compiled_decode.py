@@ -118,6 +118,23 @@ def test_a_group_batch_compiles_one_graph_and_counts_every_compilation(world_tok
     assert compiled.compile_stats()["graphs"] == 1
 
 
+def test_a_new_temperature_compiles_its_own_graph(world_tokenizer):
+    """Temperature and top_p are constants in the graph: greedy and sampled calls on one engine each get
+    their graph (dynamo's guards on them) and the eager step's tokens."""
+    torch._dynamo.reset()
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager")
+    eager = HFEngine(model, world_tokenizer)
+    prompts = chat_prompts(world_tokenizer)
+    for temperature in (0.0, 1.0, 0.0):
+        params = SamplingParams(temperature=temperature, max_new_tokens=6)
+        torch.manual_seed(0)
+        got = compiled.generate(prompts, params)
+        torch.manual_seed(0)
+        _assert_same(got, eager.generate(prompts, params), atol=1e-6)
+    assert compiled._compiled_step.graphs == 2
+
+
 def test_unseen_shapes_beyond_the_graph_limit_decode_eagerly_and_are_counted(world_tokenizer):
     torch._dynamo.reset()
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)

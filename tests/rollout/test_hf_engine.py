@@ -2,6 +2,7 @@
 
 from array import array
 
+import pytest
 import torch
 
 from r3lightning.algos import selective_log_softmax
@@ -40,19 +41,21 @@ def test_logprobs_match_trainer_recomputation(world_tokenizer, world_policy):
         torch.testing.assert_close(recomputed, torch.tensor(gen.logprobs), atol=1e-4, rtol=0)
 
 
-def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_tokenizer, world_policy, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_tokenizer, world_policy, monkeypatch, fused):
     """Every prompt repeated (a GRPO batch, prompts of different lengths): the prompts are encoded whole
     once and the first tokens drawn from those logits, so decoding takes one step fewer over the whole
-    batch; tokens and behaviour log-probs are those of the forward (greedy: of each prompt alone)."""
+    batch; tokens and behaviour log-probs are those of the forward (greedy: of each prompt alone), with
+    the fused step and with the model's forward decoding."""
     steps = []
     step = FusedDecoder.step
     monkeypatch.setattr(FusedDecoder, "step", lambda self, *args: steps.append(1) or step(self, *args))
-    engine = HFEngine(world_policy, world_tokenizer)
+    engine = HFEngine(world_policy, world_tokenizer, fused_decode=fused)
     engine.stop_token_ids = {-1}  # every row decodes the whole budget
     prompts = [prompt for prompt in _prompts(world_tokenizer) for _ in range(3)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     batched = engine.generate(prompts, greedy)
-    assert len(steps) == greedy.max_new_tokens - 1
+    assert len(steps) == (greedy.max_new_tokens - 1 if fused else 0)
     single = [engine.generate([p], greedy)[0] for p in prompts[::3]]
     assert [g.token_ids for g in batched] == [g.token_ids for g in single for _ in range(3)]
     # Next turns whose prompts continue the single calls' sequences: each group continues a prefix-cache hit.
@@ -60,7 +63,7 @@ def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_
     reused = engine.stats["reused_prompt_tokens"]
     continued = engine.generate(follow, greedy)
     assert engine.stats["reused_prompt_tokens"] > reused
-    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False)
+    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False, fused_decode=fused)
     fresh.stop_token_ids = {-1}
     assert [g.token_ids for g in continued] == [fresh.generate([p], greedy)[0].token_ids for p in follow]
     torch.manual_seed(0)

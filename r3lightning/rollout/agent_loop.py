@@ -139,33 +139,43 @@ def render_action(action: str, config: AgentLoopConfig) -> str:
 
 
 class _CallBatch:
-    """Calls a worker thread runs one after another; each is claimed (and timed from) when it starts."""
+    """Calls a worker thread runs one after another; each is claimed (and timed from) when it starts.
+
+    One condition guards the counters. The worker notifies when the last call returns, and after every
+    start and return once the caller follows the calls one by one (``per_call``: some call ran long),
+    so the usual batch costs the caller one wake-up: an event per call, set and waited for, cost ~10 us
+    a call, ~1 ms of each 64-episode turn.
+    """
 
     def __init__(self, calls: list[tuple[Callable, tuple]]) -> None:
         self.calls = calls
-        self.lock = threading.Lock()
+        self.changed = threading.Condition()
         self.claimed = 0  # calls started so far
+        self.returned = 0  # calls returned so far (they run in order)
         self.abandoned = False  # the caller stopped waiting: start no further call
-        self.started = [threading.Event() for _ in calls]
-        self.done = [threading.Event() for _ in calls]
+        self.per_call = False  # the caller waits call by call: notify on every start and return
         self.start_times = [0.0] * len(calls)
         self.boxes: list[dict] = [{} for _ in calls]
 
     def run(self) -> None:
         while True:
-            with self.lock:
+            with self.changed:
                 if self.abandoned or self.claimed >= len(self.calls):
                     return
                 index = self.claimed
                 self.claimed += 1
                 self.start_times[index] = time.monotonic()
-            self.started[index].set()
+                if self.per_call:
+                    self.changed.notify_all()
             fn, args = self.calls[index]
             try:
                 self.boxes[index]["value"] = fn(*args)
             except BaseException as err:  # handed to the caller's thread
                 self.boxes[index]["error"] = err
-            self.done[index].set()
+            with self.changed:
+                self.returned = index + 1
+                if self.per_call or self.returned == len(self.calls):
+                    self.changed.notify_all()
 
 
 class _EnvCaller:
@@ -213,24 +223,28 @@ class _EnvCaller:
 
     def _collect(self, batch: _CallBatch, timeout_s: float) -> list[tuple[bool, object]]:
         """Outcomes of ``batch``'s calls in order, up to the calls its worker started before one of them
-        timed out (the rest are left for a new worker)."""
+        timed out (the rest are left for a new worker).
+
+        First one wait for the whole batch; if it is not back within ``timeout_s``, the calls are
+        followed one by one, each abandoned ``timeout_s`` after its own start."""
         out: list[tuple[bool, object]] = []
-        for index, (fn, _) in enumerate(batch.calls):
-            with batch.lock:
+        with batch.changed:
+            if not batch.changed.wait_for(lambda: batch.returned == len(batch.calls), timeout_s):
+                batch.per_call = True
+            for index, (fn, _) in enumerate(batch.calls):
                 if batch.abandoned and index >= batch.claimed:
                     break  # never started by the abandoned worker
-            batch.started[index].wait()  # the previous call returned, so the worker starts this one now
-            left = timeout_s - (time.monotonic() - batch.start_times[index])
-            if not batch.done[index].wait(max(left, 0.0)):
-                with batch.lock:
+                batch.changed.wait_for(lambda: batch.claimed > index)  # the previous call returned, so this one starts now
+                left = timeout_s - (time.monotonic() - batch.start_times[index])
+                if not batch.changed.wait_for(lambda: batch.returned > index, max(left, 0.0)):
                     batch.abandoned = True
-                self._inbox = None
-                out.append((False, CallTimeout(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s")))
-                continue
-            box = batch.boxes[index]
-            if "error" in box and not isinstance(box["error"], Exception):
-                raise box["error"]  # KeyboardInterrupt, SystemExit... as call_with_timeout re-raises them
-            out.append((False, box["error"]) if "error" in box else (True, box.get("value")))
+                    self._inbox = None
+                    out.append((False, CallTimeout(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s")))
+                    continue
+                box = batch.boxes[index]
+                if "error" in box and not isinstance(box["error"], Exception):
+                    raise box["error"]  # KeyboardInterrupt, SystemExit... as call_with_timeout re-raises them
+                out.append((False, box["error"]) if "error" in box else (True, box.get("value")))
         return out
 
     def __del__(self) -> None:

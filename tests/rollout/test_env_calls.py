@@ -2,6 +2,7 @@
 each with its own deadline (``call_with_timeout``'s contract)."""
 
 import threading
+import time
 
 from r3lightning.envs.safety import CallTimeout
 from r3lightning.rollout.agent_loop import _EnvCaller
@@ -45,6 +46,18 @@ def test_errors_come_back_per_call_and_a_hung_call_times_out_alone():
     (ok, err), = caller.call_each([(lambda: threading.Event().wait(1.0), ())], timeout_s=0.05)
     assert not ok and isinstance(err, CallTimeout)
     assert caller.call_each([(lambda: "ok", ())], timeout_s=1.0) == [(True, "ok")]  # a new thread serves it
+
+
+def test_a_batch_longer_than_the_deadline_is_fine_when_each_call_is_within_it():
+    """The deadline is per call, from its own start: four calls of 0.15 s under a 0.25 s deadline take
+    0.6 s together and all return (the caller first waits for the batch, then follows it call by call)."""
+    caller = _EnvCaller()
+
+    def slow(i):
+        time.sleep(0.15)
+        return i
+
+    assert caller.call_each([(slow, (i,)) for i in range(4)], timeout_s=0.25) == [(True, i) for i in range(4)]
 
 
 def test_no_deadline_calls_directly():

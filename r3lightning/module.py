@@ -33,6 +33,7 @@ from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.data.evaluation import validation_figures, validation_names
 from r3lightning.data.experience import make_experience
+from r3lightning.data.failure_ranking import RankingActivity, rank_failures
 from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
 from r3lightning.rollout.engine import RolloutEngine
@@ -89,7 +90,7 @@ class R3LightningModule(L.LightningModule):
         self.last_experience: Optional[ExperienceBatch] = None
         self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
-        self.last_ranking_bonus = 0.0
+        self.last_ranking = RankingActivity()
         # Training forwards: tokens run through the model vs in the rows (this step), and micro-batches whose
         # shared prefix had to be recomputed per row (the fallback, counted over the run).
         self.forward_tokens = {"forwarded": 0, "in_rows": 0}
@@ -116,10 +117,11 @@ class R3LightningModule(L.LightningModule):
         for warning in check_combination(self.algorithm, dm.explorer, dm.demos.reflections):
             rank_zero_warn(warning)
         ranking = self.algorithm.ranking
-        if ranking.enabled and not ranking.r_fail + ranking.delta < dm.max_reward:
+        if ranking.enabled and 2 * ranking.window > dm.sampling.max_new_tokens:
             raise ValueError(
-                f"model.algorithm.ranking: r_fail + delta ({ranking.r_fail} + {ranking.delta}) must stay below "
-                f"data.max_reward ({dm.max_reward}), or a failure could reach a success's reward"
+                f"model.algorithm.ranking.window ({ranking.window}) cannot make two windows within "
+                f"data.sampling.max_new_tokens ({dm.sampling.max_new_tokens}): the stability score would be "
+                f"undefined for every response; set the window to at most {dm.sampling.max_new_tokens // 2}"
             )
 
     def _check_schedule(self) -> None:
@@ -191,7 +193,7 @@ class R3LightningModule(L.LightningModule):
             dm.max_reward,
             self.tokenizer.pad_token_id,
             dm.scoring_temperature,
-            shape_rewards=self.reward_shaping(),
+            adjust_advantages=self.ranking_adjustment(),
             replay_behaviour=dm.replay.behaviour,
         )
         timings["reward"] = time.perf_counter() - start
@@ -216,7 +218,7 @@ class R3LightningModule(L.LightningModule):
             if hasattr(self.engine, "metrics"):
                 metrics.update(self.engine.metrics())
             if self.algorithm.ranking.enabled:
-                metrics["reward/ranking_bonus_mean"] = self.last_ranking_bonus
+                metrics.update(self.last_ranking.metrics())
         metrics.update(stats)
         metrics["time/train_s"] = timings["train"]
         metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(timings["train"], 1e-9)
@@ -224,31 +226,25 @@ class R3LightningModule(L.LightningModule):
         metrics["train/phase_rl"] = float(self.phase == "rl")
         return {k: float(v) for k, v in metrics.items()}
 
-    # ---- R³'s ranking reward (the experience path's reward-shaping hook) ------------------------
-    def reward_shaping(self):
-        """The ``RewardShaping`` hook of this step: R³'s structural-entropy ranking of failed samples
-        when ``algorithm.ranking.enabled``, else None. Entropies come from the trainer's own forward
-        pass (at the sampling temperature), so they do not depend on the engine."""
+    # ---- R³'s ranking of failures (the experience path's advantage hook) ------------------------
+    def ranking_adjustment(self):
+        """The ``AdvantageAdjustment`` hook of this step: R³'s structural-entropy ranking bonus of failed
+        samples when ``algorithm.ranking.enabled``, else None. Entropies come from the trainer's own
+        forward pass (at the sampling temperature), so they do not depend on the engine."""
         cfg = self.algorithm.ranking
         if not cfg.enabled:
             return None
-        max_reward = self.datamodule.max_reward
 
-        def shape(groups: list[Group]) -> list[float]:
+        def adjust(groups: list[Group], advantages: torch.Tensor) -> torch.Tensor:
             rl = [t for g in groups for t in g.trajectories]
             batch = collate_experience(rl, [0.0] * len(rl), self.tokenizer.pad_token_id, pivotal_credit=False)
             batch.temperature = self.datamodule.scoring_temperature
             entropy = self.response_entropy(batch)
             response = (batch.turn_index[:, 1:] >= 0).float()
-            scores = algos.structural_entropy_score(entropy, response, cfg.top_q, cfg.window, cfg.weight_local, cfg.weight_global)
-            rewards = torch.tensor([t.reward for t in rl], dtype=torch.float32)
-            failed = torch.tensor([t.reward < max_reward and not t.reward_error for t in rl])
-            group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
-            shaped = algos.ranking_reward(scores, rewards, failed, group_index, cfg.r_fail, cfg.delta, max_reward)
-            self.last_ranking_bonus = float((shaped - rewards)[failed].mean()) if failed.any() else 0.0
-            return shaped.tolist()
+            adjusted, self.last_ranking = rank_failures(groups, advantages, entropy, response, cfg, self.datamodule.max_reward)
+            return adjusted
 
-        return shape
+        return adjust
 
     @torch.no_grad()
     def response_entropy(self, batch: ExperienceBatch) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Pure-torch algorithm core: advantages, masks, policy/SFT/KL losses, aggregation, ranking reward, pass@k.
+"""Pure-torch algorithm core: advantages, masks, policy/SFT/KL losses, aggregation, ranking bonus, pass@k.
 
 Imports neither lightning, transformers nor vllm (tested), so the math can be read, tested and
 reused on its own, the way verl's core_algos is.
@@ -26,9 +26,10 @@ from r3lightning.algos.losses import (
 from r3lightning.algos.masks import pivotal_mask
 from r3lightning.algos.pass_at_k import mean_at_k, pass_at_k
 from r3lightning.algos.ranking import (
+    add_failure_bonus,
     global_stability_score,
     local_exploration_score,
-    ranking_reward,
+    ranking_bonus,
     structural_entropy_score,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "AGGREGATIONS",
     "POLICY_LOSSES",
     "PolicyLossOutput",
+    "add_failure_bonus",
     "aggregate",
     "compute_advantages",
     "entropy_from_logits",
@@ -51,7 +53,7 @@ __all__ = [
     "pivotal_mask",
     "policy_loss",
     "positive_amplification",
-    "ranking_reward",
+    "ranking_bonus",
     "selective_log_softmax",
     "sft_nll",
     "shaped_off_policy_loss",

@@ -12,26 +12,34 @@ from typing import Literal, Optional
 
 @dataclass
 class RankingConfig:
-    """R³'s structural-entropy ranking reward for failed samples (``algos.ranking``, docs/r3.md).
+    """R³'s structural-entropy ranking of failed samples (``algos.ranking``, docs/r3.md).
 
     Args:
-        enabled: give failed (and truncated) samples ordered rewards in ``[r_fail, r_fail + delta]`` by
-            the structure of their token entropies (one extra no-grad forward pass per step).
-        top_q: share of a response's tokens, the most uncertain ones, in the local-exploration score.
-        window: tokens per window of the global-stability score.
+        enabled: give the failed samples that generated a centred bonus, ordered by the structure of
+            their token entropies, added to their advantage after the group estimator (one extra
+            no-grad forward pass per step).
+        top_k: number of a response's most uncertain tokens in the local-exploration score (a fixed
+            count, so the score does not step with response length).
+        window: tokens per window of the global-stability score; a response needs two windows to have
+            one, so ``2 · window`` must fit ``data.sampling.max_new_tokens`` (checked at setup).
         weight_local: weight of the local-exploration score.
         weight_global: weight of the global-stability score.
-        r_fail: reward of the worst-ranked failure.
-        delta: reward spread of the failures; ``r_fail + delta`` must stay below ``data.max_reward``.
+        delta: spread of the bonus in advantage units: the best-ranked failure of a group gets
+            ``+delta/2``, the worst ``-delta/2``.
     """
 
     enabled: bool = False
-    top_q: float = 0.2
+    top_k: int = 2
     window: int = 8
     weight_local: float = 1.0
     weight_global: float = 1.0
-    r_fail: float = 0.0
     delta: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.window < 1:
+            raise ValueError(f"model.algorithm.ranking: top_k ({self.top_k}) and window ({self.window}) must be >= 1")
+        if self.delta < 0:
+            raise ValueError(f"model.algorithm.ranking.delta must be >= 0, got {self.delta}")
 
 
 @dataclass

@@ -1,40 +1,41 @@
-"""R³ structural-entropy ranking reward for failed or truncated samples (Jiang et al., arXiv 2601.19620).
+"""R³ structural-entropy ranking of failed samples (Jiang et al., arXiv 2601.19620; our reading, docs/r3.md).
 
 A group whose samples all fail gives GRPO no gradient: every reward is the same. R³ breaks the tie by
-ranking the failed samples on the *shape* of their token-entropy sequence and handing out small,
-ordered rewards that stay below any success. This module is our reading of the paper; its code is not
-released.
+ranking the failed samples on the *shape* of their token-entropy sequence and giving the better-shaped
+ones a small bonus. This module is our reading of the paper; its code is not released.
 
 Structural entropy. ``H_t`` is the policy's entropy at response token ``t`` (``entropy_from_logits``
 on the loss tokens). A response's structure is scored on two scales:
 
-- local exploration ``L = mean of the top ceil(q·n) entropies`` (at least one token) of its ``n``
-  tokens: does the response explore at a few forking tokens, rather than follow one path throughout;
+- local exploration ``L = mean of the top min(top_k, n) entropies`` of its ``n`` tokens: does the
+  response explore at a few forking tokens. A fixed count, not a share of ``n``: with a share, the
+  count steps up with length (1 token up to 5, 2 from 6 at 20%) and a short answer that stops right
+  after its one forking token outscores every longer one. At a constant entropy profile ``L`` does not
+  move with length.
 - global stability ``G = -std_pop(w_1, ..., w_J)``, where ``w_j`` is the mean entropy of the ``j``-th
-  window of ``window`` consecutive response tokens (the last window may be shorter; every window
-  counts once): does uncertainty stay level over the whole response, rather than drift or collapse
-  into rambling. ``G = 0`` with fewer than two windows.
+  window of ``window`` consecutive response tokens (the last window may be shorter): does uncertainty
+  stay level over the response. ``G`` is *undefined* (NaN) with fewer than two windows, not 0: 0 is
+  its best value, and giving it to every response of one window made short answers the most "stable".
 
-``S = weight_local · L + weight_global · G``. Within each group, the failed samples are ranked by ``S``
-(ties share the mean of their ranks) and rank ``ρ ∈ [0, n_fail - 1]`` maps linearly to
+``S = weight_local · L + weight_global · G``, where an undefined ``G`` takes the mean of the defined
+``G`` of the ranked samples in its group (neither best nor worst; 0 when none has one).
 
-    r = r_fail + delta · ρ / (n_fail - 1)        (r_fail + delta / 2 for a lone failed sample)
+Ranking. Within each group, the ranked samples (failed ones that generated at least one token) are
+ordered by ``(tier, S)``: ``tier`` 1 for truncated or well-formed failures (a wrong answer in the
+right format: the seed's "truncated or failed samples"), 0 for failures whose answer could not be read.
+Ties share the mean of their ranks. Rank ``ρ ∈ [0, n_ranked - 1]`` gives the bonus
 
-so the best-structured failure gets ``r_fail + delta`` and the worst ``r_fail``. Successful samples keep
-their reward. ``r_fail + delta < success_margin`` (the smallest reward a success can have) is
-required, so no failure ever reaches a success. ``ranking_reward(...) - rewards`` is the bonus the
-caller logs as ``reward/ranking_bonus_mean``.
+    b = delta · (ρ / (n_ranked - 1) - 1/2)       (0 for a lone ranked sample)
 
-Knobs: ``top_q`` (fraction of tokens in the local score), ``window`` (tokens per window),
-``weight_local`` / ``weight_global``, ``r_fail``, ``delta``, ``success_margin``.
+which is centred (it sums to 0 over the group's ranked samples) and spans ``delta``. The bonus is added
+to the *advantage* after the group estimator (``add_failure_bonus``), not to the reward: GRPO's z-score
+would otherwise stretch any reward spread of an all-fail group to ±1.4, whatever ``delta``, so that the
+best-ranked failure outweighed a success of a half-solved group. A failure's advantage is also capped
+at the lowest success advantage of its group, so no failure ever outranks a success.
 
-What the paper does not pin down, and we had to choose:
-- the exact ``q``, ``window`` and weights (no defaults here: a recipe must state them);
-- whether ``top-q`` rounds up or down (we round up, so a short response still has one token);
-- population vs sample std, and whether the short last window counts fully (population; it does);
-- whether truncated samples count as failures (the caller decides and passes ``failed``);
-- ranks rather than raw scores: we map ranks, so the reward spread does not depend on the scale of
-  entropy, and equal scores get equal rewards.
+What the paper does not pin down, and we had to choose: ``top_k``, ``window`` and the weights (no
+defaults here: a recipe states them); population std; ranks rather than raw scores (the bonus does not
+depend on the scale of entropy); the tiers; adding the bonus to the advantage.
 """
 
 from __future__ import annotations
@@ -51,25 +52,24 @@ def _float_dtype(values: torch.Tensor) -> torch.dtype:
     return values.dtype if values.is_floating_point() else torch.float32
 
 
-def local_exploration_score(entropy: torch.Tensor, mask: torch.Tensor, top_q: float) -> torch.Tensor:
-    """Mean of each row's top ``ceil(top_q · n)`` masked entropies (at least one), shape [B].
+def local_exploration_score(entropy: torch.Tensor, mask: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Mean of each row's top ``min(top_k, n)`` masked entropies, shape [B].
 
     entropy: [B, T] per-token entropy; mask: [B, T], nonzero on the response tokens to score.
-    Rows with no masked token score 0.
+    Rows with no masked token are undefined (NaN).
     """
     _check_entropy_mask(entropy, mask)
-    if not 0.0 < top_q <= 1.0:
-        raise ValueError(f"top_q must be in (0, 1], got {top_q}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
     keep = mask != 0
-    n = keep.sum(dim=1).double()
-    # The 1e-9 keeps float error from rounding an exact product up (0.1 * 30 = 3.0000000000000004).
-    k = torch.ceil(top_q * n - 1e-9).clamp(min=1)
-    # Unmasked tokens sort last, so the first k of a row with n >= k tokens are its top-k masked ones.
+    n = keep.sum(dim=1)
+    k = n.clamp(max=top_k)
+    # Unmasked tokens sort last, so the first k of a row are its top-k masked ones.
     ranked = entropy.double().masked_fill(~keep, float("-inf")).sort(dim=1, descending=True).values
     position = torch.arange(entropy.shape[1], device=entropy.device)
-    top = (position[None, :] < k[:, None]) & (position[None, :] < n[:, None])
-    mean = torch.where(top, ranked, torch.zeros_like(ranked)).sum(dim=1) / k
-    return torch.where(n > 0, mean, torch.zeros_like(mean)).to(_float_dtype(entropy))
+    top = position[None, :] < k[:, None]
+    mean = torch.where(top, ranked, torch.zeros_like(ranked)).sum(dim=1) / k.clamp(min=1)
+    return torch.where(n > 0, mean, torch.full_like(mean, float("nan"))).to(_float_dtype(entropy))
 
 
 def global_stability_score(entropy: torch.Tensor, mask: torch.Tensor, window: int) -> torch.Tensor:
@@ -77,7 +77,7 @@ def global_stability_score(entropy: torch.Tensor, mask: torch.Tensor, window: in
 
     entropy: [B, T]; mask: [B, T]. A row's masked tokens, in order and skipping unmasked ones, are cut
     into consecutive windows of ``window`` tokens (the last may be shorter); each window's mean is one
-    sample of the std. Rows with fewer than two windows score 0.
+    sample of the std. Rows with fewer than two windows are undefined (NaN).
     """
     _check_entropy_mask(entropy, mask)
     if window < 1:
@@ -99,66 +99,96 @@ def global_stability_score(entropy: torch.Tensor, mask: torch.Tensor, window: in
     centre = means.sum(dim=1) / num_windows.clamp(min=1)
     spread = torch.where(present, (means - centre[:, None]) ** 2, torch.zeros_like(means)).sum(dim=1)
     std = (spread / num_windows.clamp(min=1)).sqrt()
-    return torch.where(num_windows >= 2, -std, torch.zeros_like(std)).to(_float_dtype(entropy))
+    return torch.where(num_windows >= 2, -std, torch.full_like(std, float("nan"))).to(_float_dtype(entropy))
 
 
 def structural_entropy_score(
-    entropy: torch.Tensor,
-    mask: torch.Tensor,
-    top_q: float,
-    window: int,
+    local: torch.Tensor,
+    stability: torch.Tensor,
+    ranked: torch.Tensor,
+    group_index: torch.Tensor,
     weight_local: float,
     weight_global: float,
 ) -> torch.Tensor:
-    """``weight_local · local_exploration_score + weight_global · global_stability_score``, shape [B].
+    """``weight_local · local + weight_global · stability`` of the ranked rows, shape [N]; NaN elsewhere.
 
-    entropy: [B, T] per-token entropy; mask: [B, T], nonzero on the response tokens to score.
+    local, stability: [N] (``local_exploration_score``, ``global_stability_score``; NaN = undefined);
+    ranked: [N] bool; group_index: [N] long. An undefined stability takes the mean of the defined
+    stabilities of the ranked rows of its group (0 when there is none), so a one-window response is
+    scored as neither the most nor the least stable.
     """
-    local = local_exploration_score(entropy, mask, top_q)
-    stability = global_stability_score(entropy, mask, window)
-    return weight_local * local + weight_global * stability
-
-
-def ranking_reward(
-    scores: torch.Tensor,
-    rewards: torch.Tensor,
-    failed: torch.Tensor,
-    group_index: torch.Tensor,
-    r_fail: float,
-    delta: float,
-    success_margin: float,
-) -> torch.Tensor:
-    """Rewards with every failed sample replaced by its ranked reward in [r_fail, r_fail + delta], shape [N].
-
-    scores: [N] structural-entropy scores; rewards: [N]; failed: [N] bool, the samples to re-reward
-    (failed, and truncated if the caller counts those); group_index: [N] long, samples ranked together.
-    success_margin: the smallest reward a successful sample can have; ``r_fail + delta`` must stay
-    below it. Ties share the mean of their ranks, so the result does not depend on sample order.
-    """
-    if not (scores.shape == rewards.shape == failed.shape == group_index.shape) or scores.dim() != 1:
+    if not (local.shape == stability.shape == ranked.shape == group_index.shape) or local.dim() != 1:
         raise ValueError(
-            f"scores {tuple(scores.shape)}, rewards {tuple(rewards.shape)}, failed {tuple(failed.shape)} "
-            f"and group_index {tuple(group_index.shape)} must all be [N]"
+            f"local {tuple(local.shape)}, stability {tuple(stability.shape)}, ranked {tuple(ranked.shape)} and "
+            f"group_index {tuple(group_index.shape)} must all be [N]"
+        )
+    ranked = ranked.bool()
+    if torch.isnan(local[ranked]).any():
+        raise ValueError("ranked rows must have a local score (at least one response token)")
+    defined = ranked & ~torch.isnan(stability)
+    same_group = group_index[:, None] == group_index[None, :]
+    donors = same_group & defined[None, :]
+    total = torch.where(donors, torch.nan_to_num(stability.double())[None, :], torch.zeros((), dtype=torch.float64)).sum(dim=1)
+    filled = total / donors.sum(dim=1).clamp(min=1)
+    stability = torch.where(defined, stability.double(), filled)
+    score = weight_local * local.double() + weight_global * stability
+    return torch.where(ranked, score, torch.full_like(score, float("nan"))).to(_float_dtype(local))
+
+
+def ranking_bonus(
+    scores: torch.Tensor, tier: torch.Tensor, ranked: torch.Tensor, group_index: torch.Tensor, delta: float
+) -> torch.Tensor:
+    """Centred rank bonus in ``[-delta/2, delta/2]`` of the ranked rows, 0 elsewhere, shape [N].
+
+    scores: [N] structural-entropy scores (finite on ranked rows); tier: [N] long, compared before the
+    score (higher ranks higher); ranked: [N] bool, the rows to rank (failed, with response tokens);
+    group_index: [N] long, rows ranked together. Ties share the mean of their ranks, so the bonus does
+    not depend on row order and sums to 0 over each group's ranked rows.
+    """
+    if not (scores.shape == tier.shape == ranked.shape == group_index.shape) or scores.dim() != 1:
+        raise ValueError(
+            f"scores {tuple(scores.shape)}, tier {tuple(tier.shape)}, ranked {tuple(ranked.shape)} and "
+            f"group_index {tuple(group_index.shape)} must all be [N]"
         )
     if delta < 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
-    if r_fail + delta >= success_margin:
-        raise ValueError(
-            f"delta={delta} lets a failure reach a success: r_fail + delta = {r_fail + delta} must be "
-            f"< success_margin = {success_margin}"
-        )
-    failed = failed.bool()
-    if not torch.isfinite(scores[failed]).all():
-        raise ValueError("scores of failed samples must be finite")
-    s = scores.double()
-    # Pairwise comparisons among failed samples of the same group: O(N²) memory, fine for the few
+    ranked = ranked.bool()
+    if not torch.isfinite(scores[ranked]).all():
+        raise ValueError("scores of ranked samples must be finite")
+    s = torch.nan_to_num(scores.double())
+    t = tier.long()
+    # Pairwise comparisons among ranked rows of the same group: O(N²) memory, fine for the few
     # thousand sequences of one training step.
-    peers = (group_index[:, None] == group_index[None, :]) & failed[:, None] & failed[None, :]
-    below = (peers & (s[None, :] < s[:, None])).sum(dim=1).double()
-    tied = (peers & (s[None, :] == s[:, None])).sum(dim=1).double()
+    peers = (group_index[:, None] == group_index[None, :]) & ranked[:, None] & ranked[None, :]
+    lower = (t[None, :] < t[:, None]) | ((t[None, :] == t[:, None]) & (s[None, :] < s[:, None]))
+    level = (t[None, :] == t[:, None]) & (s[None, :] == s[:, None])
+    below = (peers & lower).sum(dim=1).double()
+    tied = (peers & level).sum(dim=1).double()
     rank = below + (tied - 1) / 2
-    n_fail = peers.sum(dim=1).double()
-    fraction = torch.where(n_fail > 1, rank / (n_fail - 1).clamp(min=1), torch.full_like(rank, 0.5))
-    ranked = r_fail + delta * fraction
-    out = torch.where(failed, ranked, rewards.double())
-    return out.to(_float_dtype(rewards))
+    n_ranked = peers.sum(dim=1).double()
+    bonus = delta * (rank / (n_ranked - 1).clamp(min=1) - 0.5)
+    bonus = torch.where(ranked & (n_ranked > 1), bonus, torch.zeros_like(bonus))
+    return bonus.to(_float_dtype(scores))
+
+
+def add_failure_bonus(
+    advantages: torch.Tensor, bonus: torch.Tensor, success: torch.Tensor, group_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages [N] with ``bonus`` added to the failed rows, capped rows [N] bool).
+
+    advantages, bonus: [N]; success: [N] bool; group_index: [N] long. A failed row's advantage after the
+    bonus is capped at the lowest success advantage of its group (groups without a success have no
+    cap), so no failure ever outranks a success; ``capped`` marks where the cap acted.
+    """
+    if not (advantages.shape == bonus.shape == success.shape == group_index.shape) or advantages.dim() != 1:
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)}, bonus {tuple(bonus.shape)}, success {tuple(success.shape)} and "
+            f"group_index {tuple(group_index.shape)} must all be [N]"
+        )
+    success = success.bool()
+    same_group = group_index[:, None] == group_index[None, :]
+    succ_adv = torch.where(same_group & success[None, :], advantages[None, :], torch.full_like(advantages, float("inf"))[None, :])
+    ceiling = succ_adv.min(dim=1).values
+    raised = advantages + torch.where(success, torch.zeros_like(bonus), bonus)
+    capped = ~success & (raised > ceiling)
+    return torch.where(capped, ceiling, raised), capped

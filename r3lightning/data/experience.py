@@ -1,7 +1,7 @@
 """The one experience path: an exploration in, the ExperienceBatch a step trains on out.
 
-A pure function of its inputs (no Lightning, no model): rewards (after an optional shaping hook),
-group advantages of the RL trajectories (errored rewards excluded), positive amplification, the
+A pure function of its inputs (no Lightning, no model): rewards, group advantages (then an optional
+adjustment hook, R³'s ranking bonus), of the RL trajectories (errored rewards excluded), positive amplification, the
 masks (pivotal credit, truncation, SFT rows; meta-task samples as +1 RL rows when the objective says
 so) and padding. Every method goes through it; the SFT
 warm-start is an exploration with SFT samples only.
@@ -19,9 +19,10 @@ from r3lightning.data.collate import collate_experience
 from r3lightning.rollout.explorers import Exploration
 from r3lightning.types import ExperienceBatch, Group, Trajectory
 
-RewardShaping = Callable[[list[Group]], list[float]]
-"""Maps the RL groups to one shaped reward per trajectory (group-major order), e.g. a ranking bonus
-for failed samples. It sees the groups exactly as the explorer made them."""
+AdvantageAdjustment = Callable[[list[Group], torch.Tensor], torch.Tensor]
+"""Maps the RL groups and their advantages [N] (group-major order, after the group estimator and
+positive amplification) to adjusted advantages [N], e.g. R³'s ranking bonus for failed samples. It sees
+the groups exactly as the explorer made them."""
 
 
 def group_advantages(
@@ -49,26 +50,27 @@ def make_experience(
     max_reward: float,
     pad_token_id: int,
     temperature: float = 1.0,
-    shape_rewards: Optional[RewardShaping] = None,
+    adjust_advantages: Optional[AdvantageAdjustment] = None,
     replay_behaviour: str = "stored",
 ) -> tuple[ExperienceBatch, list[Trajectory]]:
     """(the padded batch, its trajectories in row order: the RL groups' members, then the SFT samples).
 
     temperature: the sampling temperature the RL rows were drawn at (the trainer scores them under it).
-    shape_rewards: optional reward-shaping hook (``RewardShaping``); the advantages use its rewards.
+    adjust_advantages: optional hook applied to the group advantages (``AdvantageAdjustment``).
     replay_behaviour: how replayed rows are scored (``ExperienceBatch.behaviour``): ``stored`` (the
         ratio against the log-probs of the policy that sampled them) or ``pinned`` (as if on-policy).
     """
     groups = exploration.groups
     rl = [t for g in groups for t in g.trajectories]
     group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
-    raw = [t.reward for t in rl]
-    shaped = shape_rewards(groups) if shape_rewards is not None and rl else raw
-    if len(shaped) != len(rl):
-        raise ValueError(f"reward shaping returned {len(shaped)} rewards for {len(rl)} trajectories")
-    rewards = torch.tensor(shaped, dtype=torch.float32)
+    rewards = torch.tensor([t.reward for t in rl], dtype=torch.float32)
     valid = torch.tensor([not t.reward_error for t in rl], dtype=torch.bool)
     advantages = group_advantages(rewards, group_index, valid, objective, max_reward)
+    if adjust_advantages is not None and rl:
+        adjusted = adjust_advantages(groups, advantages)
+        if adjusted.shape != advantages.shape:
+            raise ValueError(f"advantage adjustment returned shape {tuple(adjusted.shape)} for {len(rl)} trajectories")
+        advantages = adjusted * valid
     sft = list(exploration.sft)
     # The reference code trains meta-task samples as singleton groups of reward 1: advantage +1 in
     # the pooled RL loss. Demonstrations stay with the SFT head either way.

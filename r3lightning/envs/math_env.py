@@ -335,7 +335,9 @@ class MathEnv:
         predicted = extract_answer(action)
         info: dict[str, Any] = {"attempt": self._attempts, "extracted_answer": predicted, "reward_error": False}
         if predicted is None:
-            return self._wrong(info, FEEDBACK_NO_ANSWER)
+            # No readable answer: the environment rejects the action (counted per trajectory as
+            # ``rejected_actions``; R³'s ranking puts such failures below readable wrong answers).
+            return self._wrong({**info, "invalid_action": True}, FEEDBACK_NO_ANSWER)
         try:
             correct = verify_answer(predicted, self._task.answer, self.verify_timeout_s, self.verifier)
         except VerifierError as error:

@@ -80,17 +80,17 @@ def test_warm_start_is_an_exploration_of_sft_samples_only():
     assert experience.loss_mask.sum() == 0 and experience.sft_mask.sum() == 6 and rows == demos
 
 
-def test_reward_shaping_hook_feeds_the_advantages():
+def test_advantage_hook_adjusts_the_group_advantages_and_keeps_the_rewards():
     group = Group("a", [traj(1.0), traj(0.0), traj(0.0)])
 
-    def bonus_for_the_second(groups):
+    def bonus_for_the_second(groups, advantages):
         assert groups == [group]  # the groups exactly as explored
-        return [1.0, 0.1, 0.0]
+        return advantages + torch.tensor([0.0, 0.1, 0.0])
 
-    experience, _ = make_experience(Exploration([group]), AlgorithmConfig(advantage="opmd"), 1.0, 0, shape_rewards=bonus_for_the_second)
-    mean = 1.1 / 3
+    experience, _ = make_experience(Exploration([group]), AlgorithmConfig(advantage="opmd"), 1.0, 0, adjust_advantages=bonus_for_the_second)
+    mean = 1.0 / 3
     assert per_row_advantage(experience) == pytest.approx([1.0 - mean, 0.1 - mean, -mean])
     assert experience.rewards.tolist() == [1.0, 0.0, 0.0]  # the batch keeps the environment's rewards
 
-    with pytest.raises(ValueError, match="2 rewards for 3 trajectories"):
-        make_experience(Exploration([group]), AlgorithmConfig(), 1.0, 0, shape_rewards=lambda groups: [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"shape \(2,\) for 3 trajectories"):
+        make_experience(Exploration([group]), AlgorithmConfig(), 1.0, 0, adjust_advantages=lambda groups, a: a[:2])

@@ -34,7 +34,7 @@ def make():
     module, dm = module_and_data(
         FewDigitTasks(),
         seed=5,
-        algorithm=AlgorithmConfig(policy_loss="ppo_clip", ranking=RankingConfig(enabled=True, delta=0.3)),
+        algorithm=AlgorithmConfig(policy_loss="ppo_clip", ranking=RankingConfig(enabled=True, delta=0.3, window=1)),
         explorer=InContextReflectionExplorer(share=0.5, after_failures=1),
         group_size=2,
         lr=3e-3,
@@ -49,7 +49,7 @@ class Figures(L.Callback):
         self.rows = {}
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        names = ("reward/mean", "replay/injected", "replay/size", "reward/ranking_bonus_mean", "rollout/in_context_task_rate")
+        names = ("reward/mean", "replay/injected", "replay/size", "activity/ranking_bonus_abs_mean", "rollout/in_context_task_rate")
         self.rows[trainer.global_step] = {k: float(trainer.callback_metrics[k]) for k in names}
 
 
@@ -74,7 +74,8 @@ def test_r3_figures_are_logged_and_the_buffer_fills(straight_run):
     rows = straight_run.rows
     assert rows[1]["replay/size"] > 0 and rows[2 * N]["replay/size"] >= rows[1]["replay/size"]
     assert sum(r["replay/injected"] for r in rows.values()) > 0, "a flat group should have been rescued"
-    assert all(0.0 <= r["reward/ranking_bonus_mean"] <= 0.3 for r in rows.values())
+    assert all(0.0 <= r["activity/ranking_bonus_abs_mean"] <= 0.15 + 1e-6 for r in rows.values())
+    assert any(r["activity/ranking_bonus_abs_mean"] > 0 for r in rows.values()), "the ranking never acted"
     assert any(r["rollout/in_context_task_rate"] > 0 for r in rows.values())
 
 

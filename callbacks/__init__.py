@@ -1,6 +1,7 @@
 """Lightning callbacks for r3lightning runs (name them under ``trainer.callbacks`` in a config)."""
 
 from r3lightning.callbacks.checkpointing import StepCheckpoint
+from r3lightning.callbacks.component_health import ComponentHealth, InertComponentError
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning.callbacks.hf_export import HuggingFaceExport
 from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
@@ -9,8 +10,10 @@ from r3lightning.callbacks.reflective_distillation import ReflectiveToDirectDist
 from r3lightning.callbacks.vllm_sync import VLLMWeightSync
 
 __all__ = [
+    "ComponentHealth",
     "HealthWatchdog",
     "HuggingFaceExport",
+    "InertComponentError",
     "PhaseReport",
     "ReflectiveToDirectDistillation",
     "RolloutSampleLogger",

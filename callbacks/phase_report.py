@@ -35,7 +35,17 @@ RECORDED_FIGURES = (
     "train/zero_variance_group_rate_before_replay",
     "replay/rescued_group_rate",
     "activity/ranking_bonus_abs_mean",
+    "activity/ranked_failures",
+    "activity/ranking_length_corr",
+    "activity/sft_rows",
+    "activity/amplified_rows",
+    "activity/pivot_masked_rows",
     "rollout/in_context_task_rate",
+    "rollout/in_context_episodes",
+    "rollout/in_context_tokens",
+    "rollout/in_context_unplayed",
+    "replay/injected",
+    "rollout/invalid_action_rate",
 )
 """Also averaged over RL steps into ``phase_report.json`` (what a method spent, where its pivots fell)."""
 
@@ -100,12 +110,14 @@ class PhaseReport(L.Callback):
         self.last_validation_file: Optional[str] = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        # The step's own scalars: ``trainer.callback_metrics`` keeps stale values of tags a step did not log.
+        metrics = getattr(pl_module, "last_step_metrics", {}) or {}
         for name in ROLLOUT_FIGURES + RECORDED_FIGURES:
-            if name in trainer.callback_metrics:
-                self.rollout_sums[name] = self.rollout_sums.get(name, 0.0) + float(trainer.callback_metrics[name])
+            if name in metrics:
+                self.rollout_sums[name] = self.rollout_sums.get(name, 0.0) + float(metrics[name])
                 self.rollout_steps[name] = self.rollout_steps.get(name, 0) + 1
-        if "reward/mean" in trainer.callback_metrics:
-            self.reward_history.append((int(trainer.global_step), float(trainer.callback_metrics["reward/mean"])))
+        if "reward/mean" in metrics:
+            self.reward_history.append((int(trainer.global_step), float(metrics["reward/mean"])))
 
     def rollout_means(self) -> dict[str, float]:
         return {name: self.rollout_sums[name] / self.rollout_steps[name] for name in self.rollout_sums}

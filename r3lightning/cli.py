@@ -40,6 +40,9 @@ MONITORING_CALLBACKS = (
 # Added unless the config names a ModelCheckpoint of its own or sets trainer.enable_checkpointing: false:
 # last.ckpt every N steps, at the end of fit and on SIGTERM/SIGINT (docs/reliability.md).
 STEP_CHECKPOINT = "r3lightning.callbacks.StepCheckpoint"
+# Always on, configured under ``health:`` (``--health.strict true``): a switched-on method component that
+# never acts is named in a warning, or stops a strict run (docs/monitoring.md, "Component activity").
+COMPONENT_HEALTH = "r3lightning.callbacks.ComponentHealth"
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -215,7 +218,12 @@ class R3LightningCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             # Checkpoint files are written to a temporary file and renamed: never half-written.
             config = {**config, "plugins": [*plugins, AtomicCheckpointIO()]}
-        return super()._instantiate_trainer(config, callbacks)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        for logger in trainer.loggers:
+            # TensorBoard's hp_metric is -1 for the whole run: nothing here reports one.
+            if hasattr(logger, "_default_hp_metric"):
+                logger._default_hp_metric = False
+        return trainer
 
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's (which would re-apply the checkpoint's saved settings silently):
@@ -254,6 +262,7 @@ class R3LightningCLI(LightningCLI):
                 p.exit_on_error = exit_on_error
 
     def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(class_from_path(COMPONENT_HEALTH), "health")
         parser.add_argument(
             "--resume_with",
             type=Optional[Literal["checkpoint", "config"]],

@@ -38,7 +38,7 @@ from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_
 from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
 from r3lightning.rollout.engine import RolloutEngine
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.metrics import experience_metrics, trajectory_metrics
+from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics
 from r3lightning.types import ExperienceBatch, Group, Trajectory
 
 
@@ -91,6 +91,9 @@ class R3LightningModule(L.LightningModule):
         self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
         self.last_ranking = RankingActivity()
+        # The last training step's logged scalars (callbacks read them: ``trainer.callback_metrics`` keeps
+        # stale values of tags a step did not log).
+        self.last_step_metrics: dict[str, float] = {}
         # Training forwards: tokens run through the model vs in the rows (this step), and micro-batches whose
         # shared prefix had to be recomputed per row (the fallback, counted over the run).
         self.forward_tokens = {"forwarded": 0, "in_rows": 0}
@@ -181,7 +184,7 @@ class R3LightningModule(L.LightningModule):
         dm = self.datamodule
         if not getattr(self.engine, "needs_weight_sync", False):  # a synced engine's version is its sync count
             self.engine.weight_version = self.global_step
-        phase = self.phase
+        phase, step = self.phase, self.global_step
         timings: dict[str, float] = {}
         start = time.perf_counter()
         exploration = dm.rollout(batch, phase)
@@ -193,7 +196,7 @@ class R3LightningModule(L.LightningModule):
             dm.max_reward,
             self.tokenizer.pad_token_id,
             dm.scoring_temperature,
-            adjust_advantages=self.ranking_adjustment(),
+            adjust_advantages=self.ranking_adjustment() if phase == "rl" else None,
             replay_behaviour=dm.replay.behaviour,
         )
         timings["reward"] = time.perf_counter() - start
@@ -201,13 +204,25 @@ class R3LightningModule(L.LightningModule):
         start = time.perf_counter()
         stats = self.optimize(experience)
         timings["train"] = time.perf_counter() - start
-        self.log_dict(self.step_metrics(phase, exploration, experience, stats, timings), on_step=True, batch_size=1)
+        self.last_step_metrics = self.step_metrics(phase, exploration, experience, stats, timings)
+        self.log_step_metrics(self.last_step_metrics, step)
+
+    def log_step_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """The step's scalars straight to the loggers at ``step`` (the optimizer steps before this one),
+        so a tag this step did not compute has a gap there: Lightning's own ``log`` re-emits every key
+        logged earlier in the epoch, and the task stream is one endless epoch. ``self.log`` (no logger)
+        still feeds the progress bar and ``trainer.callback_metrics``."""
+        self.log_dict(metrics, on_step=True, batch_size=1, logger=False)
+        if self._trainer is None or self.trainer.sanity_checking:
+            return
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=step)
 
     def step_metrics(
         self, phase: str, exploration, experience: ExperienceBatch, stats: dict[str, float], timings: dict[str, float]
     ) -> dict[str, float]:
         """Everything a step logs: timings and throughput, the exploration's figures (RL steps), the
-        optimizer's statistics and the batch's token counts."""
+        optimizer's statistics, the batch's token counts and the components' activity (docs/monitoring.md)."""
         metrics = {"time/rollout_s": timings["rollout"]}
         if phase == "rl":
             metrics["time/reward_s"] = timings["reward"]
@@ -219,11 +234,12 @@ class R3LightningModule(L.LightningModule):
                 metrics.update(self.engine.metrics())
             if self.algorithm.ranking.enabled:
                 metrics.update(self.last_ranking.metrics())
+            metrics.update(objective_activity(experience, self.algorithm, self.datamodule.max_reward))
         metrics.update(stats)
         metrics["time/train_s"] = timings["train"]
         metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(timings["train"], 1e-9)
         metrics.update(experience_metrics(experience))
-        metrics["train/phase_rl"] = float(self.phase == "rl")
+        metrics["train/phase_rl"] = float(phase == "rl")
         return {k: float(v) for k, v in metrics.items()}
 
     # ---- R³'s ranking of failures (the experience path's advantage hook) ------------------------

@@ -237,6 +237,47 @@ class RolloutDataModule(L.LightningDataModule):
         """Bind the engine and tokenizer every rollout uses (once, when the module has built them)."""
         self.tokenizer = tokenizer
         self.loop = AgentLoop(self.suite, engine, tokenizer, self.agent)
+        self.check_prompt_room()
+
+    def check_prompt_room(self, num_tasks: int = 8) -> None:
+        """Refuse a context that cannot hold a task's first prompt (with what the explorer adds to it)
+        and a full answer: every such episode would end before its first token, silently.
+
+        Checked on the first ``num_tasks`` training and validation tasks, from their ``Task.prompt``
+        (the first user message). The explorer's addition counts its generated parts (a past answer,
+        a reflection, a critique) at their full generation budget.
+        """
+        loop = self.connected_loop
+        limit = self.agent.max_context_tokens
+        tasks = [t for t in [self.suite.train_task(i) for i in range(num_tasks)] + self.suite.val_tasks()[:num_tasks] if t.prompt]
+        if not tasks:
+            return
+        answer = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
+        longest = max(tasks, key=lambda t: len(loop.chat.first_prompt(t.prompt)))
+        prompt = len(loop.chat.first_prompt(longest.prompt))
+        if prompt + answer > limit:
+            raise ValueError(
+                f"data.agent.max_context_tokens ({limit}) cannot hold task {longest.task_id!r}'s prompt ({prompt} tokens) "
+                f"and an answer of data.sampling / data.val_sampling max_new_tokens ({answer}): raise "
+                f"data.agent.max_context_tokens to at least {prompt + answer}"
+            )
+        budget_of = getattr(self.explorer, "guidance_budget", None)
+        budget = budget_of(self.sampling) if budget_of is not None else None
+        if budget is None:
+            return
+        guided = max(
+            len(loop.chat.first_prompt(self.agent.guidance_template.format(observation=t.prompt, guidance=budget.text)))
+            for t in tasks
+        )
+        need = guided + budget.generated_tokens + self.sampling.max_new_tokens
+        if need > limit:
+            raise ValueError(
+                f"data.explorer ({type(self.explorer).__name__}) shows guidance with the prompt: {guided} tokens of "
+                f"prompt and template, up to {budget.generated_tokens} generated tokens inside it and "
+                f"data.sampling.max_new_tokens ({self.sampling.max_new_tokens}) for the answer need {need}, more than "
+                f"data.agent.max_context_tokens ({limit}); its episodes would end before their first token. Raise "
+                f"data.agent.max_context_tokens to at least {need} (or shorten the explorer's generation budget)"
+            )
 
     @property
     def connected_loop(self) -> AgentLoop:
@@ -396,10 +437,17 @@ def conversation_trajectory(messages: list[dict], tokenizer, task_id: str, origi
 
 def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int = 64) -> list[str]:
     """Texts a tiny tokenizer should compress well: system prompt, observations, feedback and
-    rendered expert actions of the first ``num_tasks`` training and validation tasks. Capping the
-    validation tasks keeps the tokenizer (and so checkpoints) the same when only the size of the
-    validation set changes."""
-    texts = [suite.system_prompt, INVALID_FORMAT_FEEDBACK]
+    rendered expert actions of the first ``num_tasks`` training and validation tasks, and the texts the
+    framework adds to prompts whatever the method (the format feedback, the guidance block and R³'s
+    in-context template), so a prompt with guidance costs words, not characters, and one warm-start
+    serves every method. Capping the validation tasks keeps the tokenizer (and so checkpoints) the same
+    when only the size of the validation set changes."""
+    texts = [
+        suite.system_prompt,
+        INVALID_FORMAT_FEEDBACK,
+        agent.guidance_template.format(observation="", guidance=""),
+        load_template("", "in_context.txt").format(attempt="Feedback:"),
+    ]
     tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()[:num_tasks]
     for task in tasks:
         env = suite.make_env()

@@ -13,10 +13,12 @@ refinement are filled with plain samples, so every group has exactly ``group_siz
 
 from __future__ import annotations
 
+from typing import Optional
+
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
 from r3lightning.rollout.reflect_from_scratch import distill_from_scratch, failed, usable_retry
 from r3lightning.rollout.reflect_retry import retry_is_better
 from r3lightning.rollout.reflection import ask_policy, load_template, outcome_text, step_lines, transcript
@@ -69,6 +71,11 @@ class CritiqueRefineExplorer:
     def refinement_guidance(self, trajectory: Trajectory, critique: str) -> str:
         attempt = "\n".join(step_lines(trajectory)) or "(no steps)"
         return self.refinement_template.format(attempt=attempt, critique=critique).strip()
+
+    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+        """The refinement template around a past answer (``max_new_tokens``) and a critique."""
+        text = self.refinement_template.format(attempt="", critique="").strip()
+        return GuidanceBudget(text, sampling.max_new_tokens + self.max_critique_tokens)
 
     def tokenizer_corpus(self, suite) -> list[str]:
         """This explorer's prompt templates, for a tokenizer trained in memory."""

@@ -63,6 +63,18 @@ class ExplorerTraits:
     uses_history: bool = False
 
 
+@dataclass(frozen=True)
+class GuidanceBudget:
+    """The most an explorer adds to a task's prompt, for the setup check that its prompts fit the context.
+
+    text: the guidance as shown with the generated parts (past answer, reflection, critique) left empty.
+    generated_tokens: the most tokens those parts can add (their generation budgets).
+    """
+
+    text: str
+    generated_tokens: int
+
+
 @dataclass
 class Exploration:
     """What one exploration step produced.
@@ -88,6 +100,9 @@ class Explorer(Protocol):
 
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
         """Run episodes for ``tasks`` within ``spec.group_size`` episodes per task."""
+
+    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+        """What this explorer adds to a task's first prompt at most (None: nothing)."""
 
 
 def groups_in_order(tasks: list[Task], trajectories: list[Trajectory], group_size: int) -> list[Group]:
@@ -117,3 +132,6 @@ class SampleExplorer:
 
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
         return Exploration(groups=sample_groups(tasks, loop, spec))
+
+    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+        return None

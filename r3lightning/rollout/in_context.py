@@ -13,9 +13,12 @@ its answer and feedback) and multi-turn worlds (each step's action and feedback)
 
 from __future__ import annotations
 
+from typing import Optional
+
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
 from r3lightning.rollout.reflect_from_scratch import distill_from_scratch
 from r3lightning.rollout.reflection import load_template, step_lines
 from r3lightning.types import Group, Trajectory
@@ -58,6 +61,10 @@ class InContextReflectionExplorer:
     def traits(self) -> ExplorerTraits:
         return ExplorerTraits(uses_history=True, distilled_samples=self.distill)
 
+    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+        """The template around a past answer of at most ``max_new_tokens`` tokens (and its feedback)."""
+        return GuidanceBudget(self.template.format(attempt="\nFeedback: (no feedback)").strip(), sampling.max_new_tokens)
+
     def past_failure(self, task: Task, spec: ExplorationSpec) -> Trajectory | None:
         """A stored failed attempt of ``task`` when the task is on a failure streak, else None."""
         history = spec.history
@@ -95,5 +102,9 @@ class InContextReflectionExplorer:
                 "rollout/in_context_task_rate": sum(c > 0 for c in counts) / max(len(tasks), 1),
                 "rollout/in_context_success_rate": sum(t.success for t in guided_runs) / len(guided_runs) if guided_runs else 0.0,
                 "rollout/in_context_dropped": float(dropped),
+                "rollout/in_context_episodes": float(len(guided_runs)),
+                "rollout/in_context_tokens": float(sum(t.num_response_tokens for t in guided_runs)),
+                # Episodes that ended before their first token (their prompt filled the context).
+                "rollout/in_context_unplayed": float(sum(t.num_response_tokens == 0 for t in guided_runs)),
             },
         )

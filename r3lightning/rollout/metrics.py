@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 
 from r3lightning.algos.advantages import zero_variance_group_rate
+from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.types import ExperienceBatch, Group
 
 
@@ -61,3 +62,20 @@ def experience_metrics(batch: ExperienceBatch) -> dict[str, float]:
         "train/sequences": float(len(batch)),
         "train/seq_len_max": float(batch.attention_mask.sum(-1).max()) if len(batch) else 0.0,
     }
+
+
+def objective_activity(batch: ExperienceBatch, objective: AlgorithmConfig, max_reward: float) -> dict[str, float]:
+    """How many rows of an RL step's batch each objective knob touched (``activity/*``, docs/monitoring.md):
+    SFT rows (meta-tasks, reflections) and, with positive amplification, the successful RL rows it
+    scales; with pivotal credit, the RL rows whose first loss token comes after their first response
+    token (the pivot masked something)."""
+    rl_rows = batch.loss_mask[:, 1:].sum(dim=1) > 0
+    out = {"activity/sft_rows": float((batch.sft_mask[:, 1:].sum(dim=1) > 0).sum())}
+    if objective.positive_amplification:
+        out["activity/amplified_rows"] = float((rl_rows & (batch.rewards >= max_reward)).sum())
+    if objective.pivotal_credit:
+        response = batch.turn_index >= 0
+        first_response = torch.where(response.any(dim=1), response.float().argmax(dim=1), torch.zeros_like(rl_rows, dtype=torch.long))
+        first_loss = (batch.loss_mask > 0).float().argmax(dim=1)
+        out["activity/pivot_masked_rows"] = float((rl_rows & (first_loss > first_response)).sum())
+    return out

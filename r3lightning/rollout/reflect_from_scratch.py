@@ -12,11 +12,14 @@ meta-task SFT.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import dataclasses
 
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
 from r3lightning.rollout.reflect_retry import distill, retry_is_better
 from r3lightning.rollout.reflection import Reflector, load_template
 from r3lightning.types import Group, Trajectory
@@ -77,6 +80,9 @@ class ReflectFromScratchExplorer:
             load_template(reflection_template, "reflection.txt"),
             load_template(guidance_template, "guidance.txt"),
         )
+
+    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+        return self.reflector.guidance_budget()
 
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
         params, max_reward, n = spec.sampling, spec.max_reward, spec.group_size

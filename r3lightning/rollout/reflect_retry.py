@@ -16,11 +16,12 @@ numbered, and the retry continues the same assistant message from the first k st
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Optional
 
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, sample_groups
+from r3lightning.rollout.engine import SamplingParams
+from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget, sample_groups
 from r3lightning.rollout.reflection import Reflection, Reflector, load_template
 from r3lightning.rollout.steps import split_final_turn
 from r3lightning.rollout.warmstart import reflection_corpus
@@ -128,6 +129,10 @@ class ReflectRetryExplorer:
         if not self.retry:
             return ExplorerTraits(reflects=True)
         return ExplorerTraits(sets_pivots=True, sft_samples=self.meta_tasks, distilled_samples=True, reflects=True)
+
+    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+        """A retry from the first turn shows the reflection's guidance with the task's prompt."""
+        return self.reflector.guidance_budget() if self.retry else None
 
     def step_level(self, loop: AgentLoop) -> bool:
         """Whether pivots are reasoning steps (see ``step_split``)."""

@@ -19,6 +19,7 @@ from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.rollout.explorers import GuidanceBudget
 from r3lightning.types import Trajectory
 
 OUTCOMES = ("success", "success_but_inefficient", "failure")
@@ -225,6 +226,11 @@ class Reflector:
         else:
             shown = transcript(trajectory)
         return self.reflection_template.format(transcript=shown, outcome=outcome_text(trajectory))
+
+    def guidance_budget(self) -> GuidanceBudget:
+        """The guidance template with empty fields, and the reflection's token budget that fills them."""
+        empty = {f.name: "" for f in dataclasses.fields(Reflection)}
+        return GuidanceBudget(self.guidance_template.format(**empty).strip(), self.max_tokens)
 
     def guidance(self, reflection: Reflection | dict[str, Any]) -> str:
         fields = dataclasses.asdict(reflection) if isinstance(reflection, Reflection) else reflection

@@ -108,6 +108,36 @@ def test_in_context_samples_show_a_past_failure_after_a_failure_streak(world_tok
     context = world_tokenizer.decode(out.groups[0].trajectories[2].turns[0].context_ids)
     assert "A previous attempt at this task failed" in context and "nine" in context and "Wrong." in context
     assert out.metrics["rollout/in_context_task_rate"] == 1.0
+    assert out.metrics["rollout/in_context_episodes"] == 2.0
+    assert out.metrics["rollout/in_context_tokens"] > 0 and out.metrics["rollout/in_context_unplayed"] == 0.0
     distilled = InContextReflectionExplorer(share=0.5, after_failures=2, distill=True).explore([task], loop, spec)
     assert [t.origin for t in distilled.groups[0]] == ["base", "base", "distilled", "distilled"]
     assert "previous attempt" not in world_tokenizer.decode(distilled.groups[0].trajectories[2].token_ids())
+
+
+def test_in_context_episodes_generate_in_a_run(straight_run):
+    """Every R³ step with in-context episodes generated tokens in them: none ended before its first token
+    (the 2026-12-02 review found every one of them did, their prompt longer than the context)."""
+    module, dm = make()
+    trainer = quiet_trainer(4, deterministic=True, callbacks=[])
+    logged = []
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            logged.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("rollout/in_context")})
+
+    trainer.callbacks.append(Watch())
+    trainer.fit(module, dm)
+    active = [row for row in logged if row["rollout/in_context_episodes"] > 0]
+    assert active, "no step had in-context episodes"
+    assert all(row["rollout/in_context_tokens"] > 0 and row["rollout/in_context_unplayed"] == 0 for row in active)
+
+
+def test_a_context_too_short_for_the_in_context_prompt_is_refused_at_setup():
+    module, dm = module_and_data(
+        FewDigitTasks(),
+        explorer=InContextReflectionExplorer(share=0.5, after_failures=1),
+        agent=AgentLoopConfig(action_format="raw", max_context_tokens=100),
+    )
+    with pytest.raises(ValueError, match=r"data.explorer \(InContextReflectionExplorer\).*more than data.agent.max_context_tokens \(100\)"):
+        quiet_trainer(1).fit(module, dm)

@@ -1,0 +1,113 @@
+"""Component health: a method component that is switched on must be seen acting.
+
+For every component the run's configuration switches on (``r3lightning.data.components``), this sums
+its activity figure over RL steps and keeps the figure of its degeneracy rule. After ``after_steps`` RL
+steps with the component on (or at the end of a shorter fit) it judges the component once: an activity
+sum of 0 is *inert*, a degeneracy rule that holds is *degenerate*. Each finding is one warning naming the
+component, the figure and the key that controls it; with ``strict`` the first judgement that finds any
+stops the run with an error (``r3l`` exits 1). Comparison scripts run strict, so no arm is reported
+whose component did nothing (docs/monitoring.md, "Component activity").
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
+
+from r3lightning.data.components import TEACHER_CHECK, ComponentCheck, component_checks
+
+
+class InertComponentError(ValueError):
+    """A strict run found a switched-on component inert or degenerate."""
+
+
+class _Tally:
+    def __init__(self, check: ComponentCheck) -> None:
+        self.check = check
+        self.steps = 0
+        self.activity = 0.0
+        self.degenerate_values: list[float] = []
+        self.judged = False
+
+    def add(self, metrics: dict[str, float]) -> None:
+        self.steps += 1
+        self.activity += abs(float(metrics.get(self.check.activity, 0.0)))
+        rule = self.check.degenerate
+        if rule is not None and rule.figure in metrics:
+            self.degenerate_values.append(float(metrics[rule.figure]))
+
+    def finding(self) -> Optional[str]:
+        check = self.check
+        if self.activity == 0.0:
+            return (
+                f"{check.component} is switched on but inert: {check.activity} was 0 over {self.steps} RL steps "
+                f"(controlled by {check.key})"
+            )
+        rule = check.degenerate
+        value = rule.holds(self.degenerate_values) if rule is not None else None
+        if value is not None:
+            bound = ">=" if rule.above else "<="
+            return (
+                f"{check.component} is degenerate: {rule.figure} = {value:.4g} ({rule.reduce} over {self.steps} RL steps, "
+                f"{bound} {rule.threshold:g}): {rule.meaning} (controlled by {check.key})"
+            )
+        return None
+
+
+class ComponentHealth(L.Callback):
+    """Warns (or, ``strict``, stops the run) when a switched-on method component is inert or degenerate.
+
+    ``r3l`` adds it to every fit; its settings are the ``health:`` section (``--health.strict true``).
+
+    Args:
+        after_steps: RL steps with a component on after which it is judged (a shorter fit judges at its end).
+        strict: raise ``InertComponentError`` (exit status 1 under ``r3l``) instead of warning.
+    """
+
+    def __init__(self, after_steps: int = 20, strict: bool = False) -> None:
+        if after_steps < 1:
+            raise ValueError(f"health.after_steps must be >= 1, got {after_steps}")
+        self.after_steps = after_steps
+        self.strict = strict
+        self.tallies: list[_Tally] = []
+        self.findings: list[str] = []
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        dm = trainer.datamodule
+        checks = component_checks(pl_module.algorithm, dm.explorer, dm.replay, dm.agent)
+        self.tallies = [_Tally(check) for check in checks]
+        self.findings = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = getattr(pl_module, "last_step_metrics", {}) or {}
+        if metrics.get("train/phase_rl", 0.0) != 1.0:
+            return
+        if getattr(pl_module, "teacher", None) is not None and getattr(pl_module, "teacher_kl_coef", 0.0) > 0:
+            if not any(t.check is TEACHER_CHECK for t in self.tallies):
+                self.tallies.append(_Tally(TEACHER_CHECK))
+        for tally in self.tallies:
+            if tally.check is TEACHER_CHECK and getattr(pl_module, "teacher", None) is None:
+                continue
+            if not tally.judged:
+                tally.add(metrics)
+        self._judge([t for t in self.tallies if not t.judged and t.steps >= self.after_steps])
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._judge([t for t in self.tallies if not t.judged and t.steps > 0])
+
+    def _judge(self, tallies: list[_Tally]) -> None:
+        found = []
+        for tally in tallies:
+            tally.judged = True
+            finding = tally.finding()
+            if finding:
+                found.append(finding)
+        self.findings += found
+        for finding in found:
+            rank_zero_warn(f"[r3lightning] health: {finding}")
+        if found and self.strict:
+            raise InertComponentError("health.strict: " + "; ".join(found))

@@ -92,7 +92,15 @@ def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: ar
     alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED and args.alpha is not None else []
     # Every method resumes the one warm-start with its own algorithm: the config's values win where the
     # checkpoint's saved ones differ (``--resume_with config``).
-    _, report = _fit([*overrides, *arm, *alpha, "--ckpt_path", checkpoint, "--resume_with", "config"])
+    # Strict health: an arm whose switched-on component never acted is refused, not reported.
+    health = ["--health.strict", "true", "--health.after_steps", str(args.rl_steps)]
+    try:
+        cli, report = _fit([*overrides, *arm, *alpha, *health, "--ckpt_path", checkpoint, "--resume_with", "config"])
+    except ValueError as err:
+        if type(err).__name__ != "InertComponentError":
+            raise
+        return {"refused": str(err), "wall_s": time.perf_counter() - start}
+    series = logged_series(cli.trainer.logger.log_dir, LAST_STEPS_FIGURES)
     records = report.records  # restored from the checkpoint: the warm-start validations come first
     rl_records = [r for r in records if r["step"] > args.warmup_steps]
     return {
@@ -107,8 +115,26 @@ def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: ar
         "rl_rollout_means": report.rollout_means(),
         # What the RL phase generated: episodes plus the reflections, critiques and retries.
         "generated_tokens": report.rollout_means().get("rollout/generated_tokens", 0.0) * args.rl_steps,
+        # Per-step figures averaged over the RL phase's last 5 steps (what the policy converged to).
+        "last5": {tag: statistics.mean(values[-5:]) for tag, values in series.items() if values},
         "wall_s": time.perf_counter() - start,
     }
+
+
+LAST_STEPS_FIGURES = (
+    "rollout/rejected_action_rate", "rollout/response_len_generated", "train/zero_variance_group_rate",
+    "rollout/in_context_tokens", "activity/ranking_length_corr", "reward/success_rate",
+)
+
+
+def logged_series(log_dir: str, tags: tuple[str, ...]) -> dict[str, list[float]]:
+    """Each tag's per-step values from a run's TensorBoard event files, in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    available = set(events.Tags().get("scalars", []))
+    return {tag: [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)] for tag in tags if tag in available}
 
 
 def plot(results: dict, path: str, warmup_steps: int) -> None:
@@ -121,6 +147,8 @@ def plot(results: dict, path: str, warmup_steps: int) -> None:
 
     fig, (by_step, by_tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
     for method, runs in results.items():
+        if not runs:
+            continue
         steps = [s for s, _ in next(iter(runs.values()))["curve_greedy"]]
         means = [statistics.mean(run["curve_greedy"][i][1] for run in runs.values()) for i in range(len(steps))]
         per_step = statistics.mean(run["rl_rollout_means"].get("rollout/generated_tokens", 0.0) for run in runs.values())
@@ -195,7 +223,12 @@ def main() -> None:
             print(f"seed {seed} {method}: {json.dumps(results[method][str(seed)])}", flush=True)
     results = {m: dict(sorted(runs.items())) for m, runs in results.items()}
     figures = {"warmstart_val_success_greedy_mean": statistics.mean(w["val/success_rate_greedy"] for w in warm.values())}
-    for method, runs in results.items():
+    refused = {m: {s: run["refused"] for s, run in runs.items() if "refused" in run} for m, runs in results.items()}
+    figures["refused_runs"] = {m: r for m, r in refused.items() if r}
+    results_reported = {m: {s: run for s, run in runs.items() if "refused" not in run} for m, runs in results.items()}
+    for method, runs in results_reported.items():
+        if not runs:
+            continue
         for kind in ("greedy", "sampled"):
             finals = [run[f"final_{kind}"] for run in runs.values()]
             figures[f"{method}_final_val_success_{kind}_mean"] = statistics.mean(finals)
@@ -215,7 +248,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(record, handle, indent=2)
-    plot(results, os.path.splitext(args.out)[0] + ".png", args.warmup_steps)
+    plot(results_reported, os.path.splitext(args.out)[0] + ".png", args.warmup_steps)
     print(json.dumps(figures, indent=2))
 
 

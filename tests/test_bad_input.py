@@ -24,7 +24,7 @@ from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning import algos
 from r3lightning.cli import main
 from r3lightning.data.collate import collate_experience
-from r3lightning.data.datamodule import corpus_from_suite
+from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.algos.objective import AlgorithmConfig
@@ -203,7 +203,15 @@ def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
     assert metrics["rollout/response_len"] == 0 and metrics["train/rl_tokens"] == 0
 
 
-def test_overlong_generations_are_cut_at_the_context_limit_and_counted():
+def test_a_context_that_cannot_hold_a_prompt_and_an_answer_is_refused_at_setup():
+    with pytest.raises(ValueError, match=r"data.agent.max_context_tokens \(5\) cannot hold task .*prompt \(\d+ tokens\).*at least \d+"):
+        fit(MathSuite(**ARITHMETIC), agent=AgentLoopConfig(action_format="raw", max_context_tokens=5))
+
+
+# The setup check samples the first tasks' first prompts; later tasks, later turns and what explorers add
+# can still overflow at run time. The two tests below switch the check off to reach that path.
+def test_overlong_generations_are_cut_at_the_context_limit_and_counted(monkeypatch):
+    monkeypatch.setattr(RolloutDataModule, "check_prompt_room", lambda self: None)
     suite = MathSuite(**ARITHMETIC)
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=128)
     tokenizer = build_tokenizer(corpus_from_suite(suite, agent), TINY_SPEC.vocab_size)  # what configure_model builds
@@ -217,7 +225,8 @@ def test_overlong_generations_are_cut_at_the_context_limit_and_counted():
         assert 0 < t.num_response_tokens <= 3
 
 
-def test_prompts_longer_than_the_context_end_the_episode_and_are_counted(tmp_path, capsys):
+def test_prompts_longer_than_the_context_end_the_episode_and_are_counted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(RolloutDataModule, "check_prompt_room", lambda self: None)
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=5)
     module, metrics = fit(MathSuite(**ARITHMETIC), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
     assert all(not t.turns and t.end_reason == "context_limit" for t in module.last_trajectories)

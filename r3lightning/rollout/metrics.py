@@ -30,11 +30,17 @@ def trajectory_metrics(groups: list[Group]) -> dict[str, float]:
         "reward/invalid_count": float(sum(t.reward_invalid for t in trajectories)),
         "reward/clipped_count": float(sum(t.reward_clipped for t in trajectories)),
         "rollout/response_len": _mean([float(t.num_response_tokens) for t in trajectories]),
+        # Over the episodes that generated: rows that never played (prompt over the context) would pull the
+        # mean down and read as "shorter answers".
+        "rollout/response_len_generated": _mean([float(t.num_response_tokens) for t in trajectories if t.num_response_tokens]),
         "rollout/num_turns": _mean([float(t.num_messages) for t in trajectories]),
         "rollout/truncated_rate": _mean([float(t.truncated) for t in trajectories]),
         "rollout/invalid_action_rate": _mean(
             [t.invalid_actions / max(t.num_messages, 1) for t in trajectories]
         ),
+        # Episodes with an action the environment refused (a math answer it could not read: no box, an
+        # empty box).
+        "rollout/rejected_action_rate": _mean([float(t.rejected_actions > 0) for t in trajectories]),
         "rollout/env_error_rate": _mean([float(t.end_reason == "env_error") for t in trajectories]),
         # Episodes whose first prompt did not fit in agent.max_context_tokens (no turn was played).
         "rollout/prompt_too_long_rate": _mean(

@@ -206,10 +206,9 @@ class R3LightningModule(L.LightningModule):
     ) -> dict[str, float]:
         """Everything a step logs: timings and throughput, the exploration's figures (RL steps), the
         optimizer's statistics and the batch's token counts."""
-        metrics = {"time/rollout_s": timings["rollout"]}
+        metrics = {"time/rollout_s": timings["rollout"], **exploration.metrics}
         if phase == "rl":
             metrics["time/reward_s"] = timings["reward"]
-            metrics.update(exploration.metrics)
             metrics.update(trajectory_metrics(exploration.groups))
             generated = sum(t.num_response_tokens for t in exploration.trajectories)
             metrics["perf/rollout_tokens_per_s"] = generated / max(timings["rollout"], 1e-9)

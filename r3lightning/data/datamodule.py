@@ -32,6 +32,7 @@ from r3lightning.rollout.agent_loop import (
     render_action,
 )
 from r3lightning.rollout.chat import ChatFormatter
+from r3lightning.rollout.env_calls import SuiteCalls, check_suite
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers import Exploration, ExplorationSpec, Explorer, SampleExplorer
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step, replay_into_groups
@@ -153,6 +154,7 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data: group_size ({group_size}) and tasks_per_step ({tasks_per_step}) must be >= 1")
         if val_samples < 1 or val_tasks_per_batch < 1:
             raise ValueError(f"data: val_samples ({val_samples}) and val_tasks_per_batch ({val_tasks_per_batch}) must be >= 1")
+        check_suite(suite)
         self.suite = suite
         self.explorer = explorer if explorer is not None else SampleExplorer()
         self.group_size = group_size
@@ -220,7 +222,7 @@ class RolloutDataModule(L.LightningDataModule):
         serves every method on a suite."""
         texts = corpus_from_suite(self.suite, self.agent)
         if hasattr(self.explorer, "reflector") or has_diagnostician(self.suite):
-            texts += reflection_corpus(self.suite, self.reflector)
+            texts += reflection_corpus(self.suite, self.reflector, step_timeout_s=self.agent.step_timeout_s)
         return texts
 
     @property
@@ -260,7 +262,15 @@ class RolloutDataModule(L.LightningDataModule):
         batch consumed (the checkpointed cursor)."""
         self.cursor = batch.step + 1
         if phase == "sft":
-            return Exploration(groups=[], sft=self.demonstrations(batch))
+            loop = self.connected_loop if self.demos.source == "suite" else None
+            failures = loop.env_calls.failures if loop is not None else 0
+            demos = self.demonstrations(batch)
+            # Scripted retry samples whose prefix the environment could not replay are dropped, and counted.
+            kept = [d for d in demos if d.end_reason != "replay_failed"]
+            metrics = {"warmstart/replay_failures": float(len(demos) - len(kept))}
+            if loop is not None:
+                metrics["warmstart/env_call_errors"] = float(loop.env_calls.failures - failures)
+            return Exploration(groups=[], sft=kept, metrics=metrics)
         seed = self.rollout_seed(batch.step)
         spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward, self.buffer, random.Random(seed))
         loop = self.connected_loop
@@ -399,14 +409,18 @@ def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int =
     rendered expert actions of the first ``num_tasks`` training and validation tasks. Capping the
     validation tasks keeps the tokenizer (and so checkpoints) the same when only the size of the
     validation set changes."""
+    check_suite(suite)
+    # The environment calls get the agent loop's deadline and checks; one that fails stops the run with a
+    # line naming it (skipping it would make the tokenizer, and so the checkpoints, depend on a fault).
+    calls = SuiteCalls(suite, agent.step_timeout_s, "data.suite: building the tokenizer's corpus")
     texts = [suite.system_prompt, INVALID_FORMAT_FEEDBACK]
     tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()[:num_tasks]
     for task in tasks:
         env = suite.make_env()
-        texts.append(env.reset(task))
+        texts.append(calls.reset(env, task))
         for action in suite.demonstration(task) or []:
             texts.append(render_action(action, agent))
-            result = env.step(action)
+            result = calls.step(env, task, action)
             texts.extend([result.observation, result.feedback])
             if result.done:
                 break

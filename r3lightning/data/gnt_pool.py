@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
 from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS
-from r3lightning.envs.safety import call_with_timeout
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
+from r3lightning.rollout.env_calls import SuiteCalls
 from r3lightning.rollout.engine import SamplingParams
 
 REQUIRED_FIELDS = ("prompt", "answer", "response")
@@ -140,12 +140,13 @@ def verify_response(
 ) -> tuple[float, bool, Optional[str], bool]:
     """(reward, success, extracted answer, verifier failed) of ``response`` (str) to ``task`` by the
     suite's own environment: a fresh one is reset with the task and stepped once, the step under a
-    deadline of ``timeout_s`` seconds (``CallTimeout`` past it). The extracted answer is the
+    deadline of ``timeout_s`` seconds (``SuiteCalls``: ``EnvCallError`` when it raises, hangs or returns a malformed result). The extracted answer is the
     environment's ``info["extracted_answer"]`` (math suites), or the response itself for environments
     that do not report one; None means no answer could be parsed."""
+    calls = SuiteCalls(suite, timeout_s, "gnt-pool verification")
     env = suite.make_env()
-    env.reset(task)
-    result = call_with_timeout(env.step, response, timeout_s=timeout_s)
+    calls.reset(env, task)
+    result = calls.step(env, task, response)
     extracted = result.info["extracted_answer"] if "extracted_answer" in result.info else response
     success = bool(result.info.get("success", result.reward >= 1.0))
     return float(result.reward), success, extracted, bool(result.info.get("reward_error"))

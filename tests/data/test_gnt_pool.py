@@ -87,7 +87,8 @@ def test_a_verification_past_its_deadline_is_skipped_and_named():
     verified = verify_rollouts(rows, SlowSuite(), stats, timeout_s=0.2)
     assert [r["sample"] for r in verified] == [1]
     assert stats.skipped == {"verifier_error": 1}
-    assert "task " + task.task_id + ", sample 0: the verifier failed (CallTimeout" in stats.messages[0]
+    assert "task " + task.task_id + ", sample 0: the verifier failed (EnvCallError: gnt-pool verification: SlowSuite: " in stats.messages[0]
+    assert "step (task " in stats.messages[0] and "failed: CallTimeout" in stats.messages[0]
 
 
 def test_expert_rollouts_keep_every_sample_and_its_provenance():

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from r3lightning.checkpoint_io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
+from r3lightning.checkpoint_state import check_checkpoint_state
 from r3lightning.checkpoints import read_checkpoint
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
@@ -293,6 +294,7 @@ class R3LightningCLI(LightningCLI):
         if ckpt_path in LIGHTNING_CKPT_NAMES or str(ckpt_path).startswith("registry") and not os.path.exists(ckpt_path):
             return  # resolved by Lightning from the run's own checkpoint callback
         checkpoint = read_checkpoint(ckpt_path)
+        check_checkpoint_state(checkpoint, ckpt_path)
         hparams = dict(checkpoint["hyper_parameters"])
         hparams.pop("_instantiator", None)
         hparams.pop("_class_path", None)

@@ -28,6 +28,7 @@ from r3lightning import algos
 from r3lightning.algos.logprobs import scored_window_start
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
+from r3lightning.checkpoint_state import check_checkpoint_state
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
@@ -642,6 +643,8 @@ class R3LightningModule(L.LightningModule):
         )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning calls this before it restores anything: the whole restorable state is checked here.
+        check_checkpoint_state(checkpoint, getattr(self._trainer, "ckpt_path", None), self._trainer)
         saved = check_loadable(checkpoint, self.state_dict(), self.tokenizer, self.phases.sft_warmup_steps)
         self.skipped_steps = int(saved.get("skipped_steps", 0))
         if self.engine is not None:

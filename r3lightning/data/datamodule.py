@@ -32,10 +32,11 @@ from r3lightning.rollout.agent_loop import (
     render_action,
 )
 from r3lightning.rollout.chat import ChatFormatter
+from r3lightning.state_checks import expect_int
 from r3lightning.rollout.env_calls import SuiteCalls, check_suite
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers import Exploration, ExplorationSpec, Explorer, SampleExplorer
-from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step, replay_into_groups
+from r3lightning.data.replay import ReplayBuffer, ReplayConfig, check_replay_state, record_step, replay_into_groups
 from r3lightning.rollout.reflection import Reflector, load_template
 from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
@@ -208,7 +209,23 @@ class RolloutDataModule(L.LightningDataModule):
             state["replay_buffer"] = self.buffer.state_dict()
         return state
 
+    @staticmethod
+    def check_state_dict(state: object) -> None:
+        """ValueError ``"<field>: <problem>"`` when ``state`` is not a ``state_dict`` this module can load
+        (``r3lightning.checkpoint_state`` names the checkpoint)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state: a {type(state).__name__} where a dict was expected")
+        if "cursor" not in state:
+            raise ValueError("cursor: missing (the task stream's position)")
+        expect_int(state["cursor"], "cursor")
+        if "replay_buffer" in state:
+            try:
+                check_replay_state(state["replay_buffer"])
+            except ValueError as err:
+                raise ValueError(f"replay_buffer.{err}") from None
+
     def load_state_dict(self, state: dict) -> None:
+        self.check_state_dict(state)
         self.cursor = int(state["cursor"])
         if "explorer" in state and hasattr(self.explorer, "load_state_dict"):
             self.explorer.load_state_dict(state["explorer"])

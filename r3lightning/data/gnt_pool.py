@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
+from r3lightning.envs.math_sources import utf8_lines
 from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.env_calls import SuiteCalls
@@ -55,45 +56,56 @@ class PoolStats:
 def read_rollouts(path: str, stats: PoolStats) -> list[dict[str, Any]]:
     """Rollout rows of a JSONL file (list of dicts): each row needs ``prompt``, ``answer`` and
     ``response``; ``task_id`` defaults to ``<file>#row<n>``, ``split`` to ``train``, ``question`` to the
-    prompt. Rows that are not JSON objects or lack a field are counted in ``stats`` and skipped with a
-    message naming ``path`` and the 1-based row. Raises FileNotFoundError naming ``path``."""
+    prompt. Rows that are not UTF-8, not JSON objects, lack a field or name a split other than
+    ``train``/``val`` are counted in ``stats`` and skipped with a message naming ``path`` and the 1-based
+    row. Raises FileNotFoundError naming ``path``, ValueError when it has no rows at all."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"gnt-pool: no such rollouts file {path!r}")
     rows = []
     name = os.path.basename(path)
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, row {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                stats.skip("invalid_json", f"{where}: not valid JSON ({err.msg}); skipped")
-                continue
-            if not isinstance(row, dict):
-                stats.skip("not_an_object", f"{where}: not a JSON object; skipped")
-                continue
-            missing = [f for f in REQUIRED_FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
-            if missing:
-                stats.skip("missing_field", f"{where}: missing field {missing[0]!r}; skipped")
-                continue
-            rows.append(
-                {
-                    "task_id": str(row.get("task_id") or f"{name}#row{number}"),
-                    "split": row.get("split") if row.get("split") in ("train", "val") else "train",
-                    "index": row.get("index"),
-                    "question": str(row.get("question") or row["prompt"]),
-                    "prompt": row["prompt"],
-                    "answer": row["answer"],
-                    "response": row["response"],
-                    "expert": row.get("expert", ""),
-                    "engine": row.get("engine", ""),
-                    "sampling": row.get("sampling", {}),
-                    "sample": row.get("sample", 0),
-                    "source": f"{path}:row {number}",
-                }
-            )
+    lines = 0
+    for number, line, problem in utf8_lines(path):
+        where = f"{path}, row {number}"
+        if problem:
+            lines += 1
+            stats.skip("not_utf8", f"{where}: {problem}; skipped")
+            continue
+        if not line.strip():
+            continue
+        lines += 1
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            stats.skip("invalid_json", f"{where}: not valid JSON ({err.msg}); skipped")
+            continue
+        if not isinstance(row, dict):
+            stats.skip("not_an_object", f"{where}: not a JSON object; skipped")
+            continue
+        missing = [f for f in REQUIRED_FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
+        if missing:
+            stats.skip("missing_field", f"{where}: missing field {missing[0]!r}; skipped")
+            continue
+        if "split" in row and row["split"] not in ("train", "val"):
+            stats.skip("unknown_split", f"{where}: unknown split {row['split']!r} (not 'train' or 'val'); skipped")
+            continue
+        rows.append(
+            {
+                "task_id": str(row.get("task_id") or f"{name}#row{number}"),
+                "split": row.get("split", "train"),
+                "index": row.get("index"),
+                "question": str(row.get("question") or row["prompt"]),
+                "prompt": row["prompt"],
+                "answer": row["answer"],
+                "response": row["response"],
+                "expert": row.get("expert", ""),
+                "engine": row.get("engine", ""),
+                "sampling": row.get("sampling", {}),
+                "sample": row.get("sample", 0),
+                "source": f"{path}:row {number}",
+            }
+        )
+    if not lines:
+        raise ValueError(f"the rollouts file {path!r} is empty")
     return rows
 
 

@@ -26,6 +26,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from r3lightning.checkpoint_io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
 from r3lightning.checkpoint_state import check_checkpoint_state
 from r3lightning.checkpoints import read_checkpoint
+from r3lightning.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
 from r3lightning.resume_check import check_resume, plain
@@ -144,7 +145,8 @@ def class_from_path(path: str) -> type:
 
 def check_config_files(args) -> None:
     """Exit with a clear message naming the file, line and column when a ``--config`` file is not valid YAML
-    (jsonargparse would report the problem inside "<unicode string>", without the file's name)."""
+    (jsonargparse would report the problem inside "<unicode string>", without the file's name), or naming
+    the file, the key and both lines when it gives a key twice (YAML would keep the last silently)."""
     if not isinstance(args, (list, tuple)):
         return
     paths = []
@@ -153,12 +155,19 @@ def check_config_files(args) -> None:
             paths.append(args[i + 1])
         elif isinstance(arg, str) and arg.startswith("--config="):
             paths.append(arg.split("=", 1)[1])
+        elif isinstance(arg, str) and arg.endswith((".yaml", ".yml")) and os.path.isfile(arg.split("=", 1)[-1]):
+            paths.append(arg.split("=", 1)[-1])  # a section's own file: --data data.yaml
     for path in paths:
         if not os.path.isfile(path):
             continue  # jsonargparse reports missing files itself
         try:
             with open(path) as handle:
-                yaml.safe_load(handle)
+                text = handle.read()
+            yaml.safe_load(text)
+            check_no_duplicate_keys(text, f"config file {path!r}")
+        except DuplicateKeyError as err:
+            print(f"r3l: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -238,6 +247,7 @@ class R3LightningCLI(LightningCLI):
         status 2, not with jsonargparse's whole usage text above the message."""
         argv = args if args is not None else sys.argv[1:]
         check_config_files(argv)
+        use_strict_yaml()  # YAML read by jsonargparse (config files, values) refuses repeated keys too
         parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
         exits = [p.exit_on_error for p in parsers]
         for p in parsers:

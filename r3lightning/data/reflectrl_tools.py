@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
+from r3lightning.config_yaml import check_no_duplicate_keys
 from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, write_jsonl
 from r3lightning.data.reflective_sft import (
     build_sft_rows,
@@ -45,7 +46,9 @@ def recipe_sections(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ValueError(f"--config: no such file {path!r}")
     with open(path) as handle:
-        config = yaml.safe_load(handle) or {}
+        text = handle.read()
+    config = yaml.safe_load(text) or {}
+    check_no_duplicate_keys(text, f"--config {path!r}")
     data = config.get("data") or {}
     if "suite" not in data:
         raise ValueError(f"--config {path!r}: no data.suite section")

@@ -242,6 +242,17 @@ class R3LightningCLI(LightningCLI):
             if name:
                 raise SystemExit(128 + int(getattr(signal.Signals, name, signal.SIGTERM)))
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """A second SIGINT stops training through Lightning's ``KeyboardInterrupt`` handling, which exits
+        with status 1: exit 130 (128 + the signal) instead, as the first SIGINT does."""
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit as stop:
+            name = next((c.interrupted_by for c in self.trainer.callbacks if getattr(c, "interrupted_by", None)), None)
+            if name and stop.code == 1:
+                raise SystemExit(128 + int(signal.Signals[name])) from None
+            raise
+
     def parse_arguments(self, parser, args) -> None:
         """Parse; a bad key, value or file ends with ``r3l: error: <message>`` (which names it) and exit
         status 2, not with jsonargparse's whole usage text above the message."""

@@ -12,7 +12,13 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
-from r3lightning.checkpoint_io import LAST_CHECKPOINT, atomic_link, find_last_checkpoints, trainer_last_checkpoint_places
+from r3lightning.checkpoint_io import (
+    LAST_CHECKPOINT,
+    atomic_link,
+    find_last_checkpoints,
+    remove_stale_partials,
+    trainer_last_checkpoint_places,
+)
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT")
 
@@ -32,7 +38,9 @@ class StepCheckpoint(ModelCheckpoint):
     ``last.ckpt`` is saved at that step boundary, validation is skipped and ``fit`` returns;
     ``stopped_by_signal`` then holds the signal's name and ``r3l`` exits with status 128 + its number
     (143 for SIGTERM, 130 for SIGINT). A second signal stops at once (the previous handler runs:
-    Ctrl-C raises ``KeyboardInterrupt``); the last periodic ``last.ckpt`` is then the place to resume.
+    Ctrl-C raises ``KeyboardInterrupt``, and ``r3l`` exits 130 all the same); the message names the
+    checkpoint to resume from, one that exists. Temporary files of saves that never finished (a
+    SIGKILL during a save) are removed when training starts.
     Under several ranks the decision is shared (any rank's signal stops every rank after the same
     step).
 
@@ -55,6 +63,9 @@ class StepCheckpoint(ModelCheckpoint):
         self.stop_on_signal = stop_on_signal
         self.stopped_by_signal: Optional[str] = None
         self.signal_received: Optional[str] = None
+        self.interrupted_by: Optional[str] = None
+        """The signal sent a second time, which stopped training at once (``r3l`` exits 128 + its number)."""
+        self._resumed_from: Optional[str] = None
         self._previous_handlers: dict[int, Any] = {}
         self._step_files: list[str] = []
 
@@ -74,6 +85,13 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self.stopped_by_signal = None
         self.signal_received = None
+        self.interrupted_by = None
+        self._resumed_from = str(trainer.ckpt_path) if trainer.ckpt_path else None
+        if trainer.is_global_zero:
+            own = [str(self.dirpath)] if self.dirpath is not None else []
+            removed = remove_stale_partials([*trainer_last_checkpoint_places(trainer, own), *own])
+            if removed:
+                _print(f"[r3lightning] removed {len(removed)} partial checkpoint file(s) of saves that never finished: {', '.join(removed)}")
         if self.stop_on_signal and threading.current_thread() is threading.main_thread():
             for name in STOP_SIGNALS:
                 signum = getattr(signal, name)
@@ -85,7 +103,8 @@ class StepCheckpoint(ModelCheckpoint):
         if self.signal_received is not None:  # a second signal: stop now, the way it would have
             previous = self._previous_handlers.get(signum, signal.SIG_DFL)
             self._restore_handlers()
-            _print(f"[r3lightning] {name} again: stopping now; the last saved last.ckpt is the place to resume.")
+            self.interrupted_by = name
+            _print(f"[r3lightning] {name} again: stopping now (the step that was running is lost); {self._resume_hint()}")
             if callable(previous):
                 previous(signum, frame)
             elif previous == signal.SIG_DFL:
@@ -96,6 +115,15 @@ class StepCheckpoint(ModelCheckpoint):
             f"[r3lightning] {name} received: finishing the current step, then saving {LAST_CHECKPOINT} "
             f"(send {name} again to stop at once)."
         )
+
+    def _resume_hint(self) -> str:
+        """Where to resume from after a second signal: the ``last.ckpt`` this run saved, if it did, else
+        the checkpoint it resumed from; named only when the file exists."""
+        if self.last_model_path and os.path.isfile(self.last_model_path):
+            return f"resume from {self.last_model_path} (global step {self._last_global_step_saved}) with --ckpt_path {self.last_model_path}"
+        if self._resumed_from and os.path.isfile(self._resumed_from):
+            return f"this run saved no checkpoint yet; resume from {self._resumed_from}, which it started from"
+        return "this run saved no checkpoint yet (the health watchdog saves exception.ckpt when it can)"
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():

@@ -22,6 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
 from r3lightning.callbacks.monitor import log_dir_of
+from r3lightning.state_checks import expect_number, expect_type
 
 BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
 EXCEPTION_CHECKPOINT = "exception.ckpt"
@@ -232,6 +233,17 @@ class HealthWatchdog(L.Callback):
     # ---- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"history": {k: list(v) for k, v in self.history.items()}, "warned": sorted(self.warned)}
+
+    @staticmethod
+    def check_state_dict(state: dict[str, Any]) -> None:
+        """``ValueError("<field>: <problem>")`` for a damaged state (checked before any is restored)."""
+        history = state.get("history", {})
+        expect_type(history, dict, "history")
+        for name, values in history.items():
+            expect_type(values, list, f"history[{name!r}]")
+            for value in values:
+                expect_number(value, f"history[{name!r}]")
+        expect_type(state.get("warned", []), list, "warned")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for name, values in state_dict.get("history", {}).items():

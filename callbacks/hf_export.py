@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from r3lightning.callbacks.monitor import log_dir_of
-from r3lightning.export import check_export, export_policy
+from r3lightning.export import check_export, check_writable_directory, export_policy
 
 
 class HuggingFaceExport(L.Callback):
@@ -24,7 +24,10 @@ class HuggingFaceExport(L.Callback):
 
     Directories: ``<dirpath>/final`` at the end of fit and ``<dirpath>/step<S>`` every
     ``every_n_train_steps`` steps; an existing directory of the same name is not overwritten (an error
-    names it). ``AutoModelForCausalLM.from_pretrained`` and vLLM load them as they are.
+    names it). ``AutoModelForCausalLM.from_pretrained`` and vLLM load them as they are. Each export is
+    written to a temporary directory beside its target and renamed when complete (a full disk leaves
+    nothing half-written; the error names the callback and the directory), and the directory of the
+    exports is checked for writing at set-up.
 
     Args:
         dirpath: where the exports go; null: ``<log_dir>/hf_export`` (next to the TensorBoard logs).
@@ -59,6 +62,8 @@ class HuggingFaceExport(L.Callback):
                 "checkpoint, consolidate it and run r3l export"
             )
         check_export(pl_module.model_config, self.lora, "HuggingFaceExport: model.model")
+        if trainer.is_global_zero:
+            check_writable_directory(self._root(trainer), "HuggingFaceExport: dirpath")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -69,13 +74,16 @@ class HuggingFaceExport(L.Callback):
         if self.at_fit_end:
             self._export(trainer, pl_module, "final")
 
+    def _root(self, trainer: L.Trainer) -> str:
+        return self.dirpath or os.path.join(log_dir_of(trainer), "hf_export")
+
     def _export(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
         if not trainer.is_global_zero:
             return
-        out_dir = os.path.join(self.dirpath or os.path.join(log_dir_of(trainer), "hf_export"), name)
+        out_dir = os.path.join(self._root(trainer), name)
         # A copy on the CPU: merging LoRA and setting the generation ids change the model they act on,
         # and the run's own policy goes on training.
         policy = copy.deepcopy(pl_module.policy).cpu().eval()
-        export_policy(policy, pl_module.tokenizer, pl_module.model_config, out_dir, self.lora)
+        export_policy(policy, pl_module.tokenizer, pl_module.model_config, out_dir, self.lora, who="HuggingFaceExport")
         self.exported.append(out_dir)
         rank_zero_info(f"[r3lightning] exported the policy at step {trainer.global_step} to {out_dir} (Hugging Face format)")

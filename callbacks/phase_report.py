@@ -14,6 +14,7 @@ import lightning as L
 import torch
 
 from r3lightning.callbacks.monitor import log_dir_of
+from r3lightning.state_checks import expect_int, expect_number, expect_type
 
 
 ROLLOUT_FIGURES = (
@@ -242,6 +243,20 @@ class PhaseReport(L.Callback):
             "rollout_steps": self.rollout_steps,
             "reward_history": [list(point) for point in self.reward_history],
         }
+
+    @staticmethod
+    def check_state_dict(state: dict[str, Any]) -> None:
+        """``ValueError("<field>: <problem>")`` for a damaged state (checked before any is restored)."""
+        expect_type(state.get("records", []), list, "records")
+        expect_type(state.get("rollout_sums", {}), dict, "rollout_sums")
+        expect_type(state.get("rollout_steps", {}), dict, "rollout_steps")
+        history = state.get("reward_history", [])
+        expect_type(history, list, "reward_history")
+        for index, point in enumerate(history):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ValueError(f"reward_history[{index}]: {point!r} is not a (step, reward) pair")
+            expect_int(point[0], f"reward_history[{index}] step", minimum=None)
+            expect_number(point[1], f"reward_history[{index}] reward")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.records = list(state_dict.get("records", []))

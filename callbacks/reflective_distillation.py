@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from r3lightning.callbacks.monitor import log_dir_of
+from r3lightning.state_checks import expect_int, expect_number, expect_type
 
 REFLECTIVE, DISTILL = "reflective", "distill"
 
@@ -254,6 +255,25 @@ class ReflectiveToDirectDistillation(L.Callback):
             "teacher_path": self.teacher_path,
             "records": self.records,
         }
+
+    @staticmethod
+    def check_state_dict(state: dict[str, Any]) -> None:
+        """``ValueError("<field>: <problem>")`` for a damaged state (checked before any is restored)."""
+        for key in ("phase", "beta", "estimator"):
+            if key not in state:
+                raise ValueError(f"{key}: missing")
+        if state["phase"] not in (REFLECTIVE, DISTILL):
+            raise ValueError(f"phase: {state['phase']!r} is not {REFLECTIVE!r} or {DISTILL!r}")
+        expect_number(state["beta"], "beta")
+        expect_type(state["estimator"], str, "estimator")
+        expect_int(state.get("switch_step"), "switch_step", none=True)
+        expect_int(state.get("switched_at"), "switched_at", none=True)
+        expect_type(state.get("teacher_path"), (str, type(None)), "teacher_path")
+        expect_type(state.get("records", []), list, "records")
+        teacher = state.get("teacher")
+        expect_type(teacher, (dict, type(None)), "teacher")
+        for name, tensor in (teacher or {}).items():
+            expect_type(tensor, torch.Tensor, f"teacher[{name!r}]")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.phase = state_dict["phase"]

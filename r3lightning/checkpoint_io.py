@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import uuid
 from typing import Any, Callable, Optional
 
@@ -28,6 +29,40 @@ LAST_CHECKPOINT = "last.ckpt"
 def _temporary_name(path: str) -> str:
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.tmp$")
+"""``_temporary_name``'s pattern: the process id of the writer, then a random tag."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, but another user's
+        return True
+    return True
+
+
+def remove_stale_partials(places: list[str]) -> list[str]:
+    """Remove the temporary files of saves that never finished (a SIGKILL or a power cut during
+    ``atomic_write``) from the directories ``places`` (directories or glob patterns of directories),
+    skipping those of a process that is still running; returns the paths removed."""
+    removed = []
+    for place in places:
+        for directory in glob.glob(place):
+            for name in os.listdir(directory) if os.path.isdir(directory) else []:
+                match = _TEMPORARY.match(name)
+                if match is None or int(match.group(1)) == os.getpid() or _alive(int(match.group(1))):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    os.remove(path)
+                except OSError:
+                    continue
+                removed.append(path)
+    return removed
 
 
 def _fsync_directory(directory: str) -> None:

@@ -24,7 +24,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from r3lightning.checkpoint_io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
+from r3lightning.checkpoint_state import check_checkpoint_state
 from r3lightning.checkpoints import read_checkpoint
+from r3lightning.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.module import R3LightningModule
 from r3lightning.resume_check import check_resume, plain
@@ -146,7 +148,8 @@ def class_from_path(path: str) -> type:
 
 def check_config_files(args) -> None:
     """Exit with a clear message naming the file, line and column when a ``--config`` file is not valid YAML
-    (jsonargparse would report the problem inside "<unicode string>", without the file's name)."""
+    (jsonargparse would report the problem inside "<unicode string>", without the file's name), or naming
+    the file, the key and both lines when it gives a key twice (YAML would keep the last silently)."""
     if not isinstance(args, (list, tuple)):
         return
     paths = []
@@ -155,12 +158,19 @@ def check_config_files(args) -> None:
             paths.append(args[i + 1])
         elif isinstance(arg, str) and arg.startswith("--config="):
             paths.append(arg.split("=", 1)[1])
+        elif isinstance(arg, str) and arg.endswith((".yaml", ".yml")) and os.path.isfile(arg.split("=", 1)[-1]):
+            paths.append(arg.split("=", 1)[-1])  # a section's own file: --data data.yaml
     for path in paths:
         if not os.path.isfile(path):
             continue  # jsonargparse reports missing files itself
         try:
             with open(path) as handle:
-                yaml.safe_load(handle)
+                text = handle.read()
+            yaml.safe_load(text)
+            check_no_duplicate_keys(text, f"config file {path!r}")
+        except DuplicateKeyError as err:
+            print(f"r3l: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -240,11 +250,23 @@ class R3LightningCLI(LightningCLI):
             if name:
                 raise SystemExit(128 + int(getattr(signal.Signals, name, signal.SIGTERM)))
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """A second SIGINT stops training through Lightning's ``KeyboardInterrupt`` handling, which exits
+        with status 1: exit 130 (128 + the signal) instead, as the first SIGINT does."""
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit as stop:
+            name = next((c.interrupted_by for c in self.trainer.callbacks if getattr(c, "interrupted_by", None)), None)
+            if name and stop.code == 1:
+                raise SystemExit(128 + int(signal.Signals[name])) from None
+            raise
+
     def parse_arguments(self, parser, args) -> None:
         """Parse; a bad key, value or file ends with ``r3l: error: <message>`` (which names it) and exit
         status 2, not with jsonargparse's whole usage text above the message."""
         argv = args if args is not None else sys.argv[1:]
         check_config_files(argv)
+        use_strict_yaml()  # YAML read by jsonargparse (config files, values) refuses repeated keys too
         parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
         exits = [p.exit_on_error for p in parsers]
         for p in parsers:
@@ -302,6 +324,7 @@ class R3LightningCLI(LightningCLI):
         if ckpt_path in LIGHTNING_CKPT_NAMES or str(ckpt_path).startswith("registry") and not os.path.exists(ckpt_path):
             return  # resolved by Lightning from the run's own checkpoint callback
         checkpoint = read_checkpoint(ckpt_path)
+        check_checkpoint_state(checkpoint, ckpt_path)
         hparams = dict(checkpoint["hyper_parameters"])
         hparams.pop("_instantiator", None)
         hparams.pop("_class_path", None)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tempfile
 from typing import Any, Literal, Optional
 
 import torch
@@ -135,6 +137,27 @@ def _check_out_dir(out_dir: str) -> None:
         raise ValueError(f"out: {out_dir!r} exists and is not an empty directory")
 
 
+def _why_not(path: str, err: OSError) -> str:
+    """Why ``path`` could not be created or written: a file where a directory of it must be, or the error."""
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    if ancestor != os.path.abspath(path) and not os.path.isdir(ancestor):
+        return f"{ancestor!r} is a file, not a directory"
+    return err.strerror or str(err)
+
+
+def check_writable_directory(directory: str, what: str) -> None:
+    """Create ``directory`` if needed and check that a file can be written in it; an ``OSError`` naming
+    ``what`` and the directory otherwise (so a run finds out at set-up, not at its first export)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise OSError(f"{what} {directory!r} is not writable: {_why_not(directory, err)}") from None
+
+
 def export_checkpoint(ckpt_path: str, out_dir: str, lora: LoraExport = "merged") -> str:
     """Write the policy of the r3lightning checkpoint ``ckpt_path`` to ``out_dir`` as a Hugging Face
     model directory; returns ``out_dir``.
@@ -165,19 +188,41 @@ def check_export(config: ModelConfig, lora: LoraExport, source: str) -> None:
         )
 
 
-def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: LoraExport = "merged") -> str:
+def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: LoraExport = "merged", who: str = "") -> str:
     """Write ``policy`` (built from ``config``, LoRA-wrapped when ``config.lora_rank > 0``) and its
     ``tokenizer`` to the empty or new directory ``out_dir``; returns ``out_dir``. Merging consumes the
-    LoRA wrapper: pass a copy of a policy that goes on training."""
+    LoRA wrapper: pass a copy of a policy that goes on training.
+
+    The files are written into a temporary directory beside ``out_dir`` and renamed to it when all are
+    written: a full disk, a missing permission or a kill leaves no half-written model (say a
+    ``config.json`` without weights) at ``out_dir``. An ``OSError`` on the way is re-raised on one line
+    naming ``out_dir`` (after ``who``, the callback, when given), the temporary directory removed."""
     _check_out_dir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    if lora == "adapter":
-        policy.save_pretrained(out_dir, safe_serialization=True)
-    else:
-        model = policy.merge_and_unload() if config.lora_rank > 0 else policy
-        _set_generation_ids(model, tokenizer)
-        model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", suffix=".partial", dir=parent)
+    except OSError as err:
+        raise OSError(f"{who + ': ' if who else ''}cannot write {out_dir!r}: {_why_not(out_dir, err)}") from None
+    try:
+        if lora == "adapter":
+            policy.save_pretrained(staging, safe_serialization=True)
+        else:
+            model = policy.merge_and_unload() if config.lora_rank > 0 else policy
+            _set_generation_ids(model, tokenizer)
+            model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # empty (checked above): the rename below takes its place
+        os.rename(staging, out_dir)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OSError(
+            f"{who + ': ' if who else ''}writing {out_dir!r} failed: {err.strerror or err}; nothing was left there"
+        ) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return out_dir
 
 

@@ -28,6 +28,7 @@ from r3lightning import algos
 from r3lightning.algos.logprobs import scored_window_start
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
+from r3lightning.checkpoint_state import check_checkpoint_state
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
@@ -223,10 +224,9 @@ class R3LightningModule(L.LightningModule):
     ) -> dict[str, float]:
         """Everything a step logs: timings and throughput, the exploration's figures (RL steps), the
         optimizer's statistics, the batch's token counts and the components' activity (docs/monitoring.md)."""
-        metrics = {"time/rollout_s": timings["rollout"]}
+        metrics = {"time/rollout_s": timings["rollout"], **exploration.metrics}
         if phase == "rl":
             metrics["time/reward_s"] = timings["reward"]
-            metrics.update(exploration.metrics)
             metrics.update(trajectory_metrics(exploration.groups))
             generated = sum(t.num_response_tokens for t in exploration.trajectories)
             metrics["perf/rollout_tokens_per_s"] = generated / max(timings["rollout"], 1e-9)
@@ -655,6 +655,8 @@ class R3LightningModule(L.LightningModule):
         )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning calls this before it restores anything: the whole restorable state is checked here.
+        check_checkpoint_state(checkpoint, getattr(self._trainer, "ckpt_path", None), self._trainer)
         saved = check_loadable(checkpoint, self.state_dict(), self.tokenizer, self.phases.sft_warmup_steps)
         self.skipped_steps = int(saved.get("skipped_steps", 0))
         if self.engine is not None:

@@ -56,6 +56,25 @@ def test_malformed_yaml_names_the_file_and_line(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_both_lines(tmp_path, capsys):
+    config = write(tmp_path / "twice.yaml", "trainer:\n  max_steps: 2\nmodel:\n  optim:\n    lr: 0.1\n    lr: 0.2\n")
+    code, err = run_cli(tmp_path, capsys, "--config", config)
+    assert code == 2 and "Traceback" not in err
+    assert f"r3l: error: config file {config!r} gives the key 'lr' twice, at line 5 and at line 6; keep one" in err
+
+
+def test_a_key_given_twice_in_a_sections_file_names_that_file(tmp_path, capsys):
+    data = write(tmp_path / "data.yaml", "group_size: 2\ntasks_per_step: 2\ngroup_size: 4\n")
+    code, err = run_cli(tmp_path, capsys, "--data", data)
+    assert code == 2 and f"r3l: error: config file {data!r} gives the key 'group_size' twice, at line 1 and at line 3" in err
+
+
+def test_a_key_given_twice_in_yaml_read_by_jsonargparse_is_refused(tmp_path, capsys):
+    """A YAML value on the command line goes through jsonargparse's loader, which refuses repeated keys too."""
+    code, err = run_cli(tmp_path, capsys, "--trainer", "{max_steps: 2, max_steps: 3}")
+    assert code == 2 and "the YAML value gives the key 'max_steps' twice, at line 1 and at line 1" in err
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

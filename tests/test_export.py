@@ -202,6 +202,40 @@ def test_refuses_bad_options(trained, tmp_path):
         export_checkpoint(ckpt, str(tmp_path / "full"))
 
 
+def _disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_full_disk_leaves_nothing_half_written_and_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    """The weights are written, then the disk fills while the tokenizer is: no directory at --out (not a
+    config and weights without a tokenizer, which would block the next export), no temporary one beside
+    it, one line naming the path; the next export to the same path succeeds."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    _, ckpt, policy, tokenizer, _ = trained
+    out = str(tmp_path / "model")
+    with monkeypatch.context() as patch:
+        patch.setattr(PreTrainedTokenizerBase, "save_pretrained", _disk_full)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--ckpt_path", ckpt, "--out", out])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err and err.count("error") == 1
+    assert f"r3l export: error: writing {out!r} failed: No space left on device; nothing was left there" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    main(["--ckpt_path", ckpt, "--out", out])
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(out), policy, tokenizer)
+
+
+def test_an_unwritable_target_is_one_line_naming_it(trained, tmp_path, capsys):
+    _, ckpt, _, _, _ = trained
+    (tmp_path / "file").write_text("not a directory")
+    out = str(tmp_path / "file" / "model")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ckpt_path", ckpt, "--out", out])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and f"r3l export: error: cannot write {out!r}: {str(tmp_path / 'file')!r} is a file, not a directory" in err
+
+
 # ---- vLLM --------------------------------------------------------------------------------------------
 
 

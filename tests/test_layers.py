@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "r3lightning.algos": 0,
     "r3lightning.types": 0,
+    "r3lightning.state_checks": 0,
     "r3lightning.envs": 1,
     "r3lightning.rollout": 2,
     "r3lightning.data": 3,
@@ -24,8 +25,10 @@ LAYERS = {
     "r3lightning.optim": 4,
     "r3lightning.checkpoints": 4,
     "r3lightning.checkpoint_io": 4,
+    "r3lightning.checkpoint_state": 4,
     "r3lightning.module": 4,
     "r3lightning.cli": 5,
+    "r3lightning.config_yaml": 0,
     "r3lightning.export": 5,
     "r3lightning.resume_check": 5,
     "r3lightning.callbacks": 6,

@@ -32,9 +32,11 @@ from r3lightning.rollout.agent_loop import (
     render_action,
 )
 from r3lightning.rollout.chat import ChatFormatter
+from r3lightning.state_checks import expect_int
+from r3lightning.rollout.env_calls import SuiteCalls, check_suite
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers import Exploration, ExplorationSpec, Explorer, SampleExplorer
-from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step, replay_into_groups
+from r3lightning.data.replay import ReplayBuffer, ReplayConfig, check_replay_state, record_step, replay_into_groups
 from r3lightning.rollout.reflection import Reflector, load_template
 from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
@@ -153,6 +155,7 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data: group_size ({group_size}) and tasks_per_step ({tasks_per_step}) must be >= 1")
         if val_samples < 1 or val_tasks_per_batch < 1:
             raise ValueError(f"data: val_samples ({val_samples}) and val_tasks_per_batch ({val_tasks_per_batch}) must be >= 1")
+        check_suite(suite)
         self.suite = suite
         self.explorer = explorer if explorer is not None else SampleExplorer()
         self.group_size = group_size
@@ -206,7 +209,23 @@ class RolloutDataModule(L.LightningDataModule):
             state["replay_buffer"] = self.buffer.state_dict()
         return state
 
+    @staticmethod
+    def check_state_dict(state: object) -> None:
+        """ValueError ``"<field>: <problem>"`` when ``state`` is not a ``state_dict`` this module can load
+        (``r3lightning.checkpoint_state`` names the checkpoint)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state: a {type(state).__name__} where a dict was expected")
+        if "cursor" not in state:
+            raise ValueError("cursor: missing (the task stream's position)")
+        expect_int(state["cursor"], "cursor")
+        if "replay_buffer" in state:
+            try:
+                check_replay_state(state["replay_buffer"])
+            except ValueError as err:
+                raise ValueError(f"replay_buffer.{err}") from None
+
     def load_state_dict(self, state: dict) -> None:
+        self.check_state_dict(state)
         self.cursor = int(state["cursor"])
         if "explorer" in state and hasattr(self.explorer, "load_state_dict"):
             self.explorer.load_state_dict(state["explorer"])
@@ -220,7 +239,7 @@ class RolloutDataModule(L.LightningDataModule):
         serves every method on a suite."""
         texts = corpus_from_suite(self.suite, self.agent)
         if hasattr(self.explorer, "reflector") or has_diagnostician(self.suite):
-            texts += reflection_corpus(self.suite, self.reflector)
+            texts += reflection_corpus(self.suite, self.reflector, step_timeout_s=self.agent.step_timeout_s)
         return texts
 
     @property
@@ -301,7 +320,15 @@ class RolloutDataModule(L.LightningDataModule):
         batch consumed (the checkpointed cursor)."""
         self.cursor = batch.step + 1
         if phase == "sft":
-            return Exploration(groups=[], sft=self.demonstrations(batch))
+            loop = self.connected_loop if self.demos.source == "suite" else None
+            failures = loop.env_calls.failures if loop is not None else 0
+            demos = self.demonstrations(batch)
+            # Scripted retry samples whose prefix the environment could not replay are dropped, and counted.
+            kept = [d for d in demos if d.end_reason != "replay_failed"]
+            metrics = {"warmstart/replay_failures": float(len(demos) - len(kept))}
+            if loop is not None:
+                metrics["warmstart/env_call_errors"] = float(loop.env_calls.failures - failures)
+            return Exploration(groups=[], sft=kept, metrics=metrics)
         seed = self.rollout_seed(batch.step)
         spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward, self.buffer, random.Random(seed))
         loop = self.connected_loop
@@ -442,6 +469,10 @@ def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int =
     in-context template), so a prompt with guidance costs words, not characters, and one warm-start
     serves every method. Capping the validation tasks keeps the tokenizer (and so checkpoints) the same
     when only the size of the validation set changes."""
+    check_suite(suite)
+    # The environment calls get the agent loop's deadline and checks; one that fails stops the run with a
+    # line naming it (skipping it would make the tokenizer, and so the checkpoints, depend on a fault).
+    calls = SuiteCalls(suite, agent.step_timeout_s, "data.suite: building the tokenizer's corpus")
     texts = [
         suite.system_prompt,
         INVALID_FORMAT_FEEDBACK,
@@ -451,10 +482,10 @@ def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int =
     tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()[:num_tasks]
     for task in tasks:
         env = suite.make_env()
-        texts.append(env.reset(task))
+        texts.append(calls.reset(env, task))
         for action in suite.demonstration(task) or []:
             texts.append(render_action(action, agent))
-            result = env.step(action)
+            result = calls.step(env, task, action)
             texts.extend([result.observation, result.feedback])
             if result.done:
                 break

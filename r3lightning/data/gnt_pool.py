@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
+from r3lightning.envs.math_sources import utf8_lines
 from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS
-from r3lightning.envs.safety import call_with_timeout
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
+from r3lightning.rollout.env_calls import SuiteCalls
 from r3lightning.rollout.engine import SamplingParams
 
 REQUIRED_FIELDS = ("prompt", "answer", "response")
@@ -55,45 +56,56 @@ class PoolStats:
 def read_rollouts(path: str, stats: PoolStats) -> list[dict[str, Any]]:
     """Rollout rows of a JSONL file (list of dicts): each row needs ``prompt``, ``answer`` and
     ``response``; ``task_id`` defaults to ``<file>#row<n>``, ``split`` to ``train``, ``question`` to the
-    prompt. Rows that are not JSON objects or lack a field are counted in ``stats`` and skipped with a
-    message naming ``path`` and the 1-based row. Raises FileNotFoundError naming ``path``."""
+    prompt. Rows that are not UTF-8, not JSON objects, lack a field or name a split other than
+    ``train``/``val`` are counted in ``stats`` and skipped with a message naming ``path`` and the 1-based
+    row. Raises FileNotFoundError naming ``path``, ValueError when it has no rows at all."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"gnt-pool: no such rollouts file {path!r}")
     rows = []
     name = os.path.basename(path)
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, row {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                stats.skip("invalid_json", f"{where}: not valid JSON ({err.msg}); skipped")
-                continue
-            if not isinstance(row, dict):
-                stats.skip("not_an_object", f"{where}: not a JSON object; skipped")
-                continue
-            missing = [f for f in REQUIRED_FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
-            if missing:
-                stats.skip("missing_field", f"{where}: missing field {missing[0]!r}; skipped")
-                continue
-            rows.append(
-                {
-                    "task_id": str(row.get("task_id") or f"{name}#row{number}"),
-                    "split": row.get("split") if row.get("split") in ("train", "val") else "train",
-                    "index": row.get("index"),
-                    "question": str(row.get("question") or row["prompt"]),
-                    "prompt": row["prompt"],
-                    "answer": row["answer"],
-                    "response": row["response"],
-                    "expert": row.get("expert", ""),
-                    "engine": row.get("engine", ""),
-                    "sampling": row.get("sampling", {}),
-                    "sample": row.get("sample", 0),
-                    "source": f"{path}:row {number}",
-                }
-            )
+    lines = 0
+    for number, line, problem in utf8_lines(path):
+        where = f"{path}, row {number}"
+        if problem:
+            lines += 1
+            stats.skip("not_utf8", f"{where}: {problem}; skipped")
+            continue
+        if not line.strip():
+            continue
+        lines += 1
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            stats.skip("invalid_json", f"{where}: not valid JSON ({err.msg}); skipped")
+            continue
+        if not isinstance(row, dict):
+            stats.skip("not_an_object", f"{where}: not a JSON object; skipped")
+            continue
+        missing = [f for f in REQUIRED_FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
+        if missing:
+            stats.skip("missing_field", f"{where}: missing field {missing[0]!r}; skipped")
+            continue
+        if "split" in row and row["split"] not in ("train", "val"):
+            stats.skip("unknown_split", f"{where}: unknown split {row['split']!r} (not 'train' or 'val'); skipped")
+            continue
+        rows.append(
+            {
+                "task_id": str(row.get("task_id") or f"{name}#row{number}"),
+                "split": row.get("split", "train"),
+                "index": row.get("index"),
+                "question": str(row.get("question") or row["prompt"]),
+                "prompt": row["prompt"],
+                "answer": row["answer"],
+                "response": row["response"],
+                "expert": row.get("expert", ""),
+                "engine": row.get("engine", ""),
+                "sampling": row.get("sampling", {}),
+                "sample": row.get("sample", 0),
+                "source": f"{path}:row {number}",
+            }
+        )
+    if not lines:
+        raise ValueError(f"the rollouts file {path!r} is empty")
     return rows
 
 
@@ -140,12 +152,13 @@ def verify_response(
 ) -> tuple[float, bool, Optional[str], bool]:
     """(reward, success, extracted answer, verifier failed) of ``response`` (str) to ``task`` by the
     suite's own environment: a fresh one is reset with the task and stepped once, the step under a
-    deadline of ``timeout_s`` seconds (``CallTimeout`` past it). The extracted answer is the
+    deadline of ``timeout_s`` seconds (``SuiteCalls``: ``EnvCallError`` when it raises, hangs or returns a malformed result). The extracted answer is the
     environment's ``info["extracted_answer"]`` (math suites), or the response itself for environments
     that do not report one; None means no answer could be parsed."""
+    calls = SuiteCalls(suite, timeout_s, "gnt-pool verification")
     env = suite.make_env()
-    env.reset(task)
-    result = call_with_timeout(env.step, response, timeout_s=timeout_s)
+    calls.reset(env, task)
+    result = calls.step(env, task, response)
     extracted = result.info["extracted_answer"] if "extracted_answer" in result.info else response
     success = bool(result.info.get("success", result.reward >= 1.0))
     return float(result.reward), success, extracted, bool(result.info.get("reward_error"))

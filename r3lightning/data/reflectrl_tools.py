@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
+from r3lightning.config_yaml import check_no_duplicate_keys
 from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, write_jsonl
 from r3lightning.data.reflective_sft import (
     build_sft_rows,
@@ -45,7 +46,9 @@ def recipe_sections(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ValueError(f"--config: no such file {path!r}")
     with open(path) as handle:
-        config = yaml.safe_load(handle) or {}
+        text = handle.read()
+    config = yaml.safe_load(text) or {}
+    check_no_duplicate_keys(text, f"--config {path!r}")
     data = config.get("data") or {}
     if "suite" not in data:
         raise ValueError(f"--config {path!r}: no data.suite section")
@@ -88,20 +91,43 @@ def _loop(suite: TaskSuite, model: str, backend: str, agent: AgentLoopConfig, lo
     return AgentLoop(suite, engine, tokenizer, agent)
 
 
-def _print_skipped(stats: PoolStats) -> None:
-    for message in stats.messages[:MAX_MESSAGES]:
-        print(f"r3l gnt-pool: {message}", file=sys.stderr)
-    if len(stats.messages) > MAX_MESSAGES:
-        print(f"r3l gnt-pool: ... and {len(stats.messages) - MAX_MESSAGES} more skipped rows", file=sys.stderr)
+def _print_dropped(command: str, messages: list[str]) -> None:
+    for message in messages[:MAX_MESSAGES]:
+        print(f"r3l {command}: {message}", file=sys.stderr)
+    if len(messages) > MAX_MESSAGES:
+        print(f"r3l {command}: ... and {len(messages) - MAX_MESSAGES} more dropped rows", file=sys.stderr)
+
+
+def by_reason(counts: dict[str, int]) -> str:
+    """``"3 (invalid_json 2, not_utf8 1)"``: a total and its reasons."""
+    total = sum(counts.values())
+    return f"{total} ({', '.join(f'{reason} {n}' for reason, n in sorted(counts.items()))})" if total else "0"
+
+
+def _bounded(kind: type, low: float, high: float = float("inf"), low_open: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` accepting a ``kind`` in [low, high] ((low, high] when ``low_open``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+        if value < low or (low_open and value == low) or value > high:
+            low_side = f"> {low:g}" if low_open else f">= {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {low_side}" + (f" and <= {high:g}" if high != float("inf") else "") + f", got {text}")
+        return value
+    return parse
+
+
+COUNT, NON_NEGATIVE = _bounded(int, 1), _bounded(int, 0)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="recipe YAML whose data.suite (data.agent, data.sampling) is used")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="rollout engine of the model (default hf)")
-    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: data.sampling's)")
-    parser.add_argument("--top_p", type=float, default=None, help="nucleus mass (default: data.sampling's)")
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="tokens per answer (default: data.sampling's)")
-    parser.add_argument("--batch_size", type=int, default=256, help="prompts per generate call")
+    parser.add_argument("--temperature", type=_bounded(float, 0.0), default=None, help="sampling temperature (default: data.sampling's)")
+    parser.add_argument("--top_p", type=_bounded(float, 0.0, 1.0, low_open=True), default=None, help="nucleus mass (default: data.sampling's)")
+    parser.add_argument("--max_new_tokens", type=COUNT, default=None, help="tokens per answer (default: data.sampling's)")
+    parser.add_argument("--batch_size", type=COUNT, default=256, help="prompts per generate call")
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling (and the SFT rows' shuffle)")
 
 
@@ -116,10 +142,10 @@ def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--expert", help="r3lightning checkpoint (.ckpt) or Hugging Face model directory/id")
     source.add_argument("--rollouts", help="JSONL of existing expert rollouts: prompt, answer, response (+ task_id, split, question)")
-    parser.add_argument("--num_tasks", type=int, default=512, help="training tasks 0..N-1 the expert answers")
-    parser.add_argument("--samples", type=int, default=4, help="answers per training task")
-    parser.add_argument("--val_samples", type=int, default=4, help="answers per validation task (their GNTs are shown in reflective validation; 0: none)")
-    parser.add_argument("--max_reward", type=float, default=1.0, help="reward of a full success (data.max_reward)")
+    parser.add_argument("--num_tasks", type=COUNT, default=512, help="training tasks 0..N-1 the expert answers")
+    parser.add_argument("--samples", type=COUNT, default=4, help="answers per training task")
+    parser.add_argument("--val_samples", type=NON_NEGATIVE, default=4, help="answers per validation task (their GNTs are shown in reflective validation; 0: none)")
+    parser.add_argument("--max_reward", type=_bounded(float, 0.0, low_open=True), default=1.0, help="reward of a full success (data.max_reward)")
     parser.add_argument("--out", required=True, help="pool JSONL to write; the summary goes to <out>.summary.json")
     args = parser.parse_args(argv)
     data = recipe_sections(args.config)
@@ -137,14 +163,17 @@ def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
             val = [("val", i, t) for i, t in enumerate(suite.val_tasks())]
             rows += expert_rollouts(loop, val, args.val_samples, params, args.expert, args.engine)
     pool, summary = build_pool(rows, suite, stats, args.max_reward)
-    _print_skipped(stats)
+    _print_dropped("gnt-pool", stats.messages)
+    if not pool:
+        source = f"--rollouts {args.rollouts!r}" if args.rollouts else f"--expert {args.expert!r}"
+        raise ValueError(f"{source}: no row to write to the pool ({stats.rows} rows read, skipped {by_reason(stats.skipped)})")
     write_jsonl(args.out, pool)
     summary["config"] = {k: v for k, v in vars(args).items()}
     with open(f"{args.out}.summary.json", "w") as handle:
         json.dump(summary, handle, indent=2)
     print(
         f"r3l gnt-pool: wrote {args.out}: gnt/count {summary['gnt/count']}, gt_plus/count {summary['gt_plus/count']}, "
-        f"gnt/expert_accuracy {summary['gnt/expert_accuracy']:.3f}, skipped {sum(stats.skipped.values())}"
+        f"gnt/expert_accuracy {summary['gnt/expert_accuracy']:.3f}, skipped {by_reason(stats.skipped)}"
     )
     return summary
 
@@ -161,7 +190,7 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
     parser.add_argument("--out", required=True, help="chat JSONL to write (data.demos.source); stats go to <out>.summary.json")
     parser.add_argument("--critic", choices=("scripted", "model"), default="model", help="who writes critiques (default: a model)")
     parser.add_argument("--critic_model", default=None, help="critic checkpoint or model directory (default: the pool's expert)")
-    parser.add_argument("--critic_samples", type=int, default=4, help="critiques sampled per GNT (model critic); the first that verifies is kept")
+    parser.add_argument("--critic_samples", type=COUNT, default=4, help="critiques sampled per GNT (model critic); the first that verifies is kept")
     parser.add_argument("--no_reflective", action="store_true", help="GT+ rows only (the 'GT+ only' baseline's SFT data)")
     parser.add_argument("--no_gt_plus", action="store_true", help="reflective rows only")
     args = parser.parse_args(argv)
@@ -169,7 +198,12 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
     configured = build_suite(data["suite"])
     suite = direct_suite(configured)
     template = configured.template if isinstance(configured, ReflectiveSuite) else DEFAULT_REFLECTIVE_TEMPLATE
-    pool = read_pool(args.pool)
+    dropped: dict[str, list[str]] = {}
+    pool = read_pool(args.pool, dropped)
+    _print_dropped("reflect-sft", [m for messages in dropped.values() for m in messages])
+    counts = {reason: len(messages) for reason, messages in dropped.items()}
+    if not pool:
+        raise ValueError(f"--pool {args.pool!r}: no usable row (dropped {by_reason(counts)})")
     gnt = training_gnt_rows(pool)
     critiques: list[list[str]] = []
     critic_name = ""
@@ -189,7 +223,7 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
         gt_plus=not args.no_gt_plus, reflective=not args.no_reflective, seed=args.seed, critic=critic_name,
     )
     write_jsonl(args.out, rows)
-    summary = {**stats, "config": vars(args)}
+    summary = {**stats, "reflect_sft/dropped": counts, "config": vars(args)}
     with open(f"{args.out}.summary.json", "w") as handle:
         json.dump(summary, handle, indent=2)
     rate = stats.get("reflect_sft/critique_verified_rate")
@@ -197,7 +231,7 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
         f"r3l reflect-sft: wrote {args.out}: {int(stats['reflect_sft/rows'])} rows "
         f"({int(stats['reflect_sft/gt_plus_rows'])} GT+, {int(stats.get('reflect_sft/reflective_rows', 0))} reflective"
         + (f"; reflect_sft/critique_verified_rate {rate:.3f}" if rate is not None else "")
-        + ")"
+        + f"; dropped {by_reason(counts)})"
     )
     return summary
 

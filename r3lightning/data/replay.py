@@ -39,6 +39,7 @@ import typing
 from collections import OrderedDict, deque
 from typing import Any
 
+from r3lightning.state_checks import expect_int, expect_type
 from r3lightning.types import Trajectory, Turn
 
 TRAJECTORY_OVERHEAD_BYTES = 1024
@@ -130,9 +131,12 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict``. The bounds are this buffer's own: if they are smaller than when the
-        state was saved, the oldest entries are evicted as if they had been added under these bounds."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"ReplayBuffer.load_state_dict: unknown state version {state.get('version')!r}")
+        state was saved, the oldest entries are evicted as if they had been added under these bounds.
+        A damaged state is refused (``check_replay_state``) before anything is changed."""
+        try:
+            check_replay_state(state)
+        except ValueError as err:
+            raise ValueError(f"ReplayBuffer.load_state_dict: {err}") from None
         self._clear()
         for item in state["entries"]:
             self._insert(int(item["seq"]), item["trajectory"], int(item["step"]))
@@ -220,6 +224,36 @@ def _trajectory_state(trajectory: Trajectory) -> dict[str, Any]:
         turn_state["logprobs"] = None if turn.logprobs is None else list(map(float, turn.logprobs))
         state["turns"].append(turn_state)
     return state
+
+
+def check_replay_state(state: Any) -> None:
+    """ValueError ``"<field>: <problem>"`` (``version``, ``entries[3].trajectory``...) when ``state`` is not a
+    ``ReplayBuffer.state_dict`` this version can load: every entry's trajectory is rebuilt once to
+    check it."""
+    expect_type(state, dict, "state")
+    if state.get("version") != _STATE_VERSION:
+        raise ValueError(f"version: unknown state version {state.get('version')!r} (this r3lightning reads {_STATE_VERSION})")
+    for key in ("next_seq", "entries", "visits"):
+        if key not in state:
+            raise ValueError(f"{key}: missing")
+    expect_int(state["next_seq"], "next_seq")
+    expect_type(state["entries"], list, "entries")
+    for index, item in enumerate(state["entries"]):
+        where = f"entries[{index}]"
+        expect_type(item, dict, where)
+        for key in ("seq", "step", "trajectory"):
+            if key not in item:
+                raise ValueError(f"{where}.{key}: missing")
+        expect_int(item["seq"], f"{where}.seq")
+        expect_int(item["step"], f"{where}.step", minimum=None)
+        expect_type(item["trajectory"], dict, f"{where}.trajectory")
+        try:
+            _trajectory_from_state(item["trajectory"])
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise ValueError(f"{where}.trajectory: cannot be rebuilt ({type(err).__name__}: {err})") from None
+    expect_type(state["visits"], dict, "visits")
+    for task_id, history in state["visits"].items():
+        expect_type(history, list, f"visits[{task_id!r}]")
 
 
 def _trajectory_from_state(state: dict[str, Any]) -> Trajectory:

@@ -17,7 +17,7 @@ import random
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 SCHEMES = ("arithmetic", "reasoning_gym:<generator>", "champ", "jsonl:<path>", "parquet:<path>", "hf:<name>")
 """The ``source`` strings ``MathSuite`` accepts."""
@@ -112,15 +112,27 @@ def numbered_jsonl_rows(path: str) -> list[tuple[int, Any]]:
     """
     file = _existing_file(path)
     rows = []
-    with file.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((number, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
+    for number, line, problem in utf8_lines(file):
+        if problem:
+            raise ValueError(f"{path}, row {number}: {problem}")
+        if not line.strip():
+            continue
+        try:
+            rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
     return rows
+
+
+def utf8_lines(path) -> Iterator[tuple[int, Optional[str], str]]:
+    """``(1-based line number, text, "")`` of each line of ``path``, or ``(number, None, problem)`` for a
+    line that is not UTF-8 text, so a reader can name the row (decoding the whole file would name neither)."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                yield number, raw.decode("utf-8"), ""
+            except UnicodeDecodeError as err:
+                yield number, None, f"not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1})"
 
 
 def read_jsonl_rows(path: str) -> list[dict[str, Any]]:

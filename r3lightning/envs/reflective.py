@@ -20,6 +20,7 @@ The reflective prompt is built here only (``reflective_prompt``), so the reflect
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Optional
 
 from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
@@ -43,20 +44,34 @@ def reflective_prompt(question: str, attempt: str, template: str = DEFAULT_REFLE
     return template.format(question=question, attempt=attempt.strip())
 
 
-def read_pool(path: str) -> list[dict[str, Any]]:
+def read_pool(path: str, dropped: Optional[dict[str, list[str]]] = None) -> list[dict[str, Any]]:
     """Rows of a GNT pool file written by ``r3l gnt-pool`` (list of dicts with ``POOL_FIELDS``).
 
-    Raises FileNotFoundError naming ``path``; ValueError naming the row when one is not such a row
-    (the pool writer only writes valid rows, so this means the file was edited or is another file).
+    Rows whose ``label`` is not ``gnt``/``gt_plus`` or whose ``split`` is not ``train``/``val`` are dropped;
+    ``dropped`` (reason -> one message per row, naming file and row) collects them for the caller to
+    report. Raises FileNotFoundError naming ``path``; ValueError naming the file when it has no rows,
+    and naming the row when one is not a pool row or not UTF-8 (the pool writer only writes valid rows,
+    so this means the file was edited or is another file).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GNT pool: no such file {path!r} (write it with `r3l gnt-pool ... --out {path}`)")
     rows = []
-    for number, row in numbered_jsonl_rows(path):
+    dropped = {} if dropped is None else dropped
+    numbered = numbered_jsonl_rows(path)
+    if not numbered:
+        raise ValueError(f"GNT pool {path!r} has no rows")
+    for number, row in numbered:
         missing = [f for f in POOL_FIELDS if not isinstance(row, dict) or f not in row]
         if missing:
             raise ValueError(f"{path}, row {number}: not a GNT pool row (no field {missing[0]!r})")
-        rows.append(row)
+        if row["label"] not in (LABEL_GNT, LABEL_GT_PLUS):
+            dropped.setdefault("unknown_label", []).append(
+                f"{path}, row {number}: unknown label {row['label']!r} (not {LABEL_GNT!r} or {LABEL_GT_PLUS!r}); dropped"
+            )
+        elif row["split"] not in ("train", "val"):
+            dropped.setdefault("unknown_split", []).append(f"{path}, row {number}: unknown split {row['split']!r} (not 'train' or 'val'); dropped")
+        else:
+            rows.append(row)
     return rows
 
 
@@ -134,7 +149,12 @@ class ReflectiveSuite(TaskSuite):
     # ---- the pool -----------------------------------------------------------------------------
     def _load(self) -> list[dict[str, Any]]:
         if self._train_gnt is None:
-            rows = read_pool(self.pool)
+            dropped: dict[str, list[str]] = {}
+            rows = read_pool(self.pool, dropped)
+            if dropped:
+                counts = ", ".join(f"{reason} {len(messages)}" for reason, messages in sorted(dropped.items()))
+                warnings.warn(f"ReflectiveSuite: {sum(map(len, dropped.values()))} rows of the pool dropped ({counts}); "
+                              f"the first: {next(iter(dropped.values()))[0]}", stacklevel=2)
             train = [r for r in rows if r["label"] == LABEL_GNT and r["split"] == "train"]
             if not train:
                 raise ValueError(f"ReflectiveSuite: the pool {self.pool!r} has no GNT rows of split 'train'")

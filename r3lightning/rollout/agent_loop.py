@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import queue
 import re
-import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
 from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
-from r3lightning.envs.safety import CallTimeout
+from r3lightning.rollout.env_calls import EnvCaller, SuiteCalls, check_reset_result, check_step_result, check_suite
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
 from r3lightning.types import GuidedTurn, Trajectory, Turn, message_count
@@ -138,120 +135,6 @@ def render_action(action: str, config: AgentLoopConfig) -> str:
     return action
 
 
-class _CallBatch:
-    """Calls a worker thread runs one after another; each is claimed (and timed from) when it starts.
-
-    One condition guards the counters. The worker notifies when the last call returns, and after every
-    start and return once the caller follows the calls one by one (``per_call``: some call ran long),
-    so the usual batch costs the caller one wake-up (two events per call, set and waited for, made 64
-    calls take 0.61 ms; now 0.20).
-    """
-
-    def __init__(self, calls: list[tuple[Callable, tuple]]) -> None:
-        self.calls = calls
-        self.changed = threading.Condition()
-        self.claimed = 0  # calls started so far
-        self.returned = 0  # calls returned so far (they run in order)
-        self.abandoned = False  # the caller stopped waiting: start no further call
-        self.per_call = False  # the caller waits call by call: notify on every start and return
-        self.start_times = [0.0] * len(calls)
-        self.boxes: list[dict] = [{} for _ in calls]
-
-    def run(self) -> None:
-        while True:
-            with self.changed:
-                if self.abandoned or self.claimed >= len(self.calls):
-                    return
-                index = self.claimed
-                self.claimed += 1
-                self.start_times[index] = time.monotonic()
-                if self.per_call:
-                    self.changed.notify_all()
-            fn, args = self.calls[index]
-            try:
-                self.boxes[index]["value"] = fn(*args)
-            except BaseException as err:  # handed to the caller's thread
-                self.boxes[index]["error"] = err
-            with self.changed:
-                self.returned = index + 1
-                if self.per_call or self.returned == len(self.calls):
-                    self.changed.notify_all()
-
-
-class _EnvCaller:
-    """``call_with_timeout``'s contract (``r3lightning.envs.safety``) for every environment call: it
-    runs in a daemon thread, its exceptions reach the caller, and past ``timeout_s`` (counted from its
-    own start) it is abandoned with ``CallTimeout``. But one long-lived thread serves the calls, and
-    ``call_each`` hands it a whole turn's calls at once: starting a thread per call cost ~0.3-1 ms on
-    a busy 2-core machine, and even a hand-off per call (~0.3 ms there: two thread wake-ups) was a
-    per-episode cost no batch size shrinks. A thread whose call timed out is abandoned (it exits once
-    that call returns, if ever, and starts no other); the calls it had not started go to a new one.
-    """
-
-    def __init__(self) -> None:
-        self._inbox: Optional[queue.SimpleQueue] = None
-
-    @staticmethod
-    def _serve(inbox: queue.SimpleQueue) -> None:
-        while True:
-            batch = inbox.get()
-            if batch is None:
-                return
-            batch.run()
-            if batch.abandoned:
-                return
-
-    def call_each(self, calls: list[tuple[Callable, tuple]], timeout_s: Optional[float]) -> list[tuple[bool, object]]:
-        """``(True, result)`` or ``(False, exception)`` for every ``(fn, args)``, in order."""
-        if timeout_s is None:
-            out: list[tuple[bool, object]] = []
-            for fn, args in calls:
-                try:
-                    out.append((True, fn(*args)))
-                except Exception as err:  # noqa: BLE001 - handed back like a worker's exception
-                    out.append((False, err))
-            return out
-        results: list[tuple[bool, object]] = []
-        while len(results) < len(calls):
-            batch = _CallBatch(calls[len(results):])
-            if self._inbox is None:
-                self._inbox = queue.SimpleQueue()
-                threading.Thread(target=self._serve, args=(self._inbox,), daemon=True, name="r3l-env-call").start()
-            self._inbox.put(batch)
-            results.extend(self._collect(batch, timeout_s))
-        return results
-
-    def _collect(self, batch: _CallBatch, timeout_s: float) -> list[tuple[bool, object]]:
-        """Outcomes of ``batch``'s calls in order, up to the calls its worker started before one of them
-        timed out (the rest are left for a new worker).
-
-        First one wait for the whole batch; if it is not back within ``timeout_s``, the calls are
-        followed one by one, each abandoned ``timeout_s`` after its own start."""
-        out: list[tuple[bool, object]] = []
-        with batch.changed:
-            if not batch.changed.wait_for(lambda: batch.returned == len(batch.calls), timeout_s):
-                batch.per_call = True
-            for index, (fn, _) in enumerate(batch.calls):
-                if batch.abandoned and index >= batch.claimed:
-                    break  # never started by the abandoned worker
-                batch.changed.wait_for(lambda: batch.claimed > index)  # the previous call returned, so this one starts now
-                left = timeout_s - (time.monotonic() - batch.start_times[index])
-                if not batch.changed.wait_for(lambda: batch.returned > index, max(left, 0.0)):
-                    batch.abandoned = True
-                    self._inbox = None
-                    out.append((False, CallTimeout(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s")))
-                    continue
-                box = batch.boxes[index]
-                if "error" in box and not isinstance(box["error"], Exception):
-                    raise box["error"]  # KeyboardInterrupt, SystemExit... as call_with_timeout re-raises them
-                out.append((False, box["error"]) if "error" in box else (True, box.get("value")))
-        return out
-
-    def __del__(self) -> None:
-        if self._inbox is not None:
-            self._inbox.put(None)
-
-
 class AgentLoop:
     """Plays batches of episodes of ``suite`` with ``engine``.
 
@@ -267,7 +150,10 @@ class AgentLoop:
         self.config = config or AgentLoopConfig()
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
         self.generated_tokens = 0
-        self._call = _EnvCaller()
+        check_suite(suite)
+        self._call = EnvCaller()
+        self.env_calls = SuiteCalls(suite, self.config.step_timeout_s, "warm-start data", self._call)
+        """Single environment calls outside episodes (scripted warm-start data), under the same deadline."""
         # First prompts rendered during one ``_play`` (a group's episodes share their task's prompt;
         # rendering the chat template is the costly part of starting an episode).
         self._first_prompts: dict[str, list[int]] = {}
@@ -389,30 +275,46 @@ class AgentLoop:
             for index, request in enumerate(requests)
         ]
         outcomes = self._call.call_each([(ep.env.reset, (ep.request.task,)) for ep in episodes], self.config.step_timeout_s)
+        observations = {}
         for ep, outcome in zip(episodes, outcomes):
             observation = self._reset_outcome(ep, outcome)
             if observation is not None:
-                self._replay_prefix(ep, observation)
+                observations[ep.index] = observation
+        self._replay_prefixes([ep for ep in episodes if ep.index in observations], observations)
+        for ep in episodes:
+            if ep.index in observations and not ep.done:
+                self._queue_observation(ep, observations[ep.index])
         return episodes
 
-    def _replay_prefix(self, ep: _Episode, observation: str) -> None:
-        """Replay the request's prefix turns in the environment, then queue the next observation."""
-        for turn in ep.request.prefix:
-            ep.turns.append(turn)
-            ep.context_len += len(turn.context_ids) + len(turn.response_ids)
-            if turn.malformed:
-                # As it happened: no environment step, the format feedback is the next message.
-                ep.invalid_actions += 1
-                observation = turn.feedback
-                continue
-            result = self._step(ep, turn.action)
-            if result is None or result.done:
-                # The environment did not replay the prefix as it played it (a verifier timeout, an error,
-                # an episode that ended): this retry is lost, not the step. The explorer drops and counts it.
-                ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "replay_failed", True, 0.0
-                return
-            observation = result.observation
-        self._queue_observation(ep, observation)
+    def _replay_prefixes(self, episodes: list[_Episode], observations: dict[int, str]) -> None:
+        """Replay the requests' prefix turns in their environments, turn by turn, each turn's steps in one
+        hand-off (so a turn's hanging replays are cut together, not one deadline each); ``observations``
+        (episode index -> latest observation) is updated as they go."""
+        position = 0
+        replaying = [ep for ep in episodes if ep.request.prefix]
+        while replaying:
+            stepping = []
+            for ep in replaying:
+                turn = ep.request.prefix[position]
+                ep.turns.append(turn)
+                ep.context_len += len(turn.context_ids) + len(turn.response_ids)
+                if turn.malformed:
+                    # As it happened: no environment step, the format feedback is the next message.
+                    ep.invalid_actions += 1
+                    observations[ep.index] = turn.feedback
+                else:
+                    stepping.append((ep, turn.action))
+            outcomes = self._call.call_each([(ep.env.step, (action,)) for ep, action in stepping], self.config.step_timeout_s)
+            for (ep, _), outcome in zip(stepping, outcomes):
+                result = self._step_outcome(ep, outcome)
+                if result is None or result.done:
+                    # The environment did not replay the prefix as it played it (a verifier timeout, an error,
+                    # an episode that ended): this retry is lost, not the step. The explorer drops and counts it.
+                    ep.done, ep.end_reason, ep.reward_error, ep.reward = True, "replay_failed", True, 0.0
+                    continue
+                observations[ep.index] = result.observation
+            position += 1
+            replaying = [ep for ep in replaying if not ep.done and position < len(ep.request.prefix)]
 
     def _reset_outcome(self, ep: _Episode, outcome: tuple[bool, object]) -> Optional[str]:
         """The first observation, or None when ``reset`` failed or hung (the episode then ends as an
@@ -421,16 +323,7 @@ class AgentLoop:
         if not ok:
             self._env_failed(ep, observation)
             return None
-        if not isinstance(observation, str):
-            raise ValueError(
-                f"{type(ep.env).__name__}.reset returned {type(observation).__name__} for task "
-                f"{ep.request.task.task_id!r}; it must return the first observation as a str"
-            )
-        return observation
-
-    def _step(self, ep: _Episode, action: str) -> Optional[StepResult]:
-        """A replayed environment step (live ones are batched in ``_play_turn``); both end in ``_step_outcome``."""
-        return self._step_outcome(ep, self._call.call_each([(ep.env.step, (action,))], self.config.step_timeout_s)[0])
+        return check_reset_result(observation, ep.env, ep.request.task, self.suite)
 
     def _step_outcome(self, ep: _Episode, outcome: tuple[bool, object]) -> Optional[StepResult]:
         """Every environment step, live or replayed, ends here, so rejected actions are counted once: the
@@ -439,7 +332,7 @@ class AgentLoop:
         if not ok:
             self._env_failed(ep, result)
             return None
-        check_step_result(result, ep.env, ep.request.task)
+        check_step_result(result, ep.env, ep.request.task, self.suite)
         ep.rejected_actions += int(bool(result.info.get("invalid_action")))
         return result
 
@@ -592,19 +485,6 @@ def reward_value(reward: object) -> Optional[float]:
     if hasattr(reward, "item") and getattr(reward, "numel", lambda: 0)() == 1:  # a one-element tensor
         return reward_value(reward.item())
     return None
-
-
-def check_step_result(result: object, env: object, task: Task) -> None:
-    """Refuse a malformed ``StepResult`` with a message naming the environment, the task and the field."""
-    where = f"{type(env).__name__}.step (task {task.task_id!r})"
-    if not isinstance(result, StepResult):
-        raise ValueError(f"{where} returned {type(result).__name__}; it must return a StepResult(observation, reward, done, info)")
-    if not isinstance(result.observation, str):
-        raise ValueError(f"{where}: StepResult.observation is {type(result.observation).__name__}, expected str")
-    if not isinstance(result.info, dict):
-        raise ValueError(f"{where}: StepResult.info is {type(result.info).__name__}, expected dict")
-    if not isinstance(result.done, bool) and type(result.done).__name__ != "bool_":
-        raise ValueError(f"{where}: StepResult.done is {type(result.done).__name__}, expected bool")
 
 
 _WARNED: set[str] = set()

@@ -12,16 +12,21 @@ import json
 import random
 from typing import Optional
 
-from r3lightning.envs.base import Task
+from r3lightning.envs.base import Task, TaskSuite
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
+from r3lightning.rollout.env_calls import EnvCallError, SuiteCalls
 from r3lightning.rollout.reflection import Reflector, standalone_prompts, target_tokens
 from r3lightning.types import Trajectory, Turn
 
 
-def reflection_corpus(suite, reflector: Reflector, num_tasks: int = 64) -> list[str]:
+def reflection_corpus(suite, reflector: Reflector, num_tasks: int = 64, step_timeout_s: Optional[float] = 30.0) -> list[str]:
     """Texts of the reflector's prompts and, when the suite has a diagnostician, example reflections,
-    so a tokenizer trained in memory encodes reflections compactly."""
+    so a tokenizer trained in memory encodes reflections compactly. The environment calls have the
+    deadline ``step_timeout_s`` (``agent.step_timeout_s``); one that fails raises ``EnvCallError``."""
     texts = [reflector.reflection_template, reflector.guidance_template]
+    if type(suite).diagnose is TaskSuite.diagnose:
+        return texts  # no diagnostician: no example reflections (and no environment to play)
+    calls = SuiteCalls(suite, step_timeout_s, "data.suite: building the tokenizer's corpus (example reflections)")
     rng = random.Random(0)
     for index in range(num_tasks):
         task = suite.train_task(index)
@@ -29,7 +34,7 @@ def reflection_corpus(suite, reflector: Reflector, num_tasks: int = 64) -> list[
         # An inefficient success, then a failure with a mistake at a random step: the failure
         # wording ("failed", the root causes) must be in the vocabulary as much as the success's.
         step = rng.randrange(max(len(plan), 1))
-        flawed = plan[:step] + [_wrong_action(suite, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
+        flawed = plan[:step] + [_wrong_action(calls, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
         for actions in (["look", *plan], flawed):
             diagnosis = suite.diagnose(task, actions)
             if diagnosis is None:
@@ -53,20 +58,26 @@ def scripted_reflection_samples(
     """
     suite = loop.suite
     samples: list[Trajectory] = []
-    played_actions = []
+    played_tasks, played_actions = [], []
     for task in tasks:
         plan = suite.demonstration(task) or []
         # Drawn only when asked for, so that runs without clean episodes keep their random stream.
         if success_share > 0 and plan and rng.random() < success_share:
+            played_tasks.append(task)
             played_actions.append(list(plan))
             continue
         step = rng.randrange(max(len(plan), 1))
-        actions = plan[:step] + [_wrong_action(suite, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
-        if rng.random() < 0.5:
-            actions += suite.expert_continuation(task, actions) or []
-        else:
-            actions += _random_actions(suite, task, actions, len(plan) + 2, rng)
+        try:
+            actions = plan[:step] + [_wrong_action(loop.env_calls, task, plan[:step], plan[step] if step < len(plan) else None, rng)]
+            if rng.random() < 0.5:
+                actions += suite.expert_continuation(task, actions) or []
+            else:
+                actions += _random_actions(loop.env_calls, task, actions, len(plan) + 2, rng)
+        except EnvCallError:
+            continue  # the environment failed while the mistake was chosen: no sample of this task (loop.env_calls counts it)
+        played_tasks.append(task)
         played_actions.append(actions)
+    tasks = played_tasks
     played = loop.play_actions([EpisodeRequest(task=t) for t in tasks], played_actions, allow_unfinished=True)
     retry_requests, retry_actions = [], []
     for task, traj in zip(tasks, played):
@@ -92,31 +103,32 @@ def scripted_reflection_samples(
     return samples
 
 
-def _replayed(suite, task: Task, prefix: list[str]):
-    """(environment reset to ``task`` with ``prefix`` played, admissible actions after it, episode over)."""
-    env = suite.make_env()
-    env.reset(task)
+def _replayed(calls: SuiteCalls, task: Task, prefix: list[str]):
+    """(environment reset to ``task`` with ``prefix`` played, admissible actions after it, episode over);
+    ``EnvCallError`` when a call fails (``calls``: the deadline and checks of the agent loop)."""
+    env = calls.suite.make_env()
+    calls.reset(env, task)
     result = None
     for action in prefix:
-        result = env.step(action)
+        result = calls.step(env, task, action)
     admissible = list(result.info.get("admissible_actions", [])) if result is not None else []
     return env, admissible, result is not None and result.done
 
 
-def _random_actions(suite, task: Task, prefix: list[str], count: int, rng: random.Random) -> list[str]:
+def _random_actions(calls: SuiteCalls, task: Task, prefix: list[str], count: int, rng: random.Random) -> list[str]:
     """Up to ``count`` random admissible actions played after ``prefix`` (fewer when the episode ends)."""
-    env, admissible, done = _replayed(suite, task, prefix)
+    env, admissible, done = _replayed(calls, task, prefix)
     actions: list[str] = []
     while len(actions) < count and admissible and not done:
         actions.append(rng.choice(admissible))
-        result = env.step(actions[-1])
+        result = calls.step(env, task, actions[-1])
         admissible, done = list(result.info.get("admissible_actions", [])), result.done
     return actions
 
 
-def _wrong_action(suite, task: Task, prefix: list[str], correct: Optional[str], rng: random.Random) -> str:
-    _, admissible, _ = _replayed(suite, task, prefix)
+def _wrong_action(calls: SuiteCalls, task: Task, prefix: list[str], correct: Optional[str], rng: random.Random) -> str:
+    _, admissible, _ = _replayed(calls, task, prefix)
     if not admissible:
-        _, admissible, _ = _replayed(suite, task, ["look"])
+        _, admissible, _ = _replayed(calls, task, ["look"])
     choices = [a for a in admissible if a != correct] or ["look"]
     return rng.choice(choices)

@@ -1,8 +1,7 @@
-"""A callback for ``tests/callbacks/test_checkpointing.py`` that holds a training step open: at the
-optimizer step of ``at_step`` (after the rollout and the backward pass, before the update) it writes
-``ready_file`` and waits until a signal has been received (``StepCheckpoint.signal_received``), so the
-test's SIGTERM arrives while that step is running. Named by class path in the ``r3l fit`` subprocess
-(its folder is on the subprocess's ``PYTHONPATH``)."""
+"""Callbacks for ``tests/callbacks/test_checkpointing.py`` that hold a training step open: at the
+optimizer step of ``at_step`` (after the rollout and the backward pass, before the update) they write
+``ready_file`` and wait, so the test's signals arrive while that step is running. Named by class path in
+the ``r3l fit`` subprocess (their folder is on the subprocess's ``PYTHONPATH``)."""
 
 import time
 from pathlib import Path
@@ -11,6 +10,8 @@ import lightning as L
 
 
 class PauseMidStep(L.Callback):
+    """Holds step ``at_step`` open until a signal has been received (``StepCheckpoint.signal_received``)."""
+
     def __init__(self, ready_file: str, at_step: int = 3, timeout_s: float = 60.0) -> None:
         self.ready_file = ready_file
         self.at_step = at_step
@@ -26,4 +27,24 @@ class PauseMidStep(L.Callback):
         while time.monotonic() < deadline:
             if any(getattr(c, "signal_received", None) for c in trainer.callbacks):
                 return
+            time.sleep(0.02)
+
+
+class HoldMidStep(L.Callback):
+    """Like ``PauseMidStep``, but the step stays open after the first signal (``seen_file`` is written
+    then), so a second signal arrives mid-step too."""
+
+    def __init__(self, ready_file: str, seen_file: str, at_step: int = 3, timeout_s: float = 60.0) -> None:
+        self.ready_file, self.seen_file = ready_file, seen_file
+        self.at_step = at_step
+        self.timeout_s = timeout_s
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step != self.at_step - 1:
+            return
+        Path(self.ready_file).write_text(str(trainer.global_step))
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if any(getattr(c, "signal_received", None) for c in trainer.callbacks) and not Path(self.seen_file).exists():
+                Path(self.seen_file).write_text("seen")
             time.sleep(0.02)

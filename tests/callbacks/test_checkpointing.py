@@ -147,3 +147,48 @@ def test_sigterm_mid_step_saves_the_step_boundary_and_resumes_to_the_uninterrupt
     straight, _ = cli_fit(tmp_path / "straight", 6)
     for name in straight:
         torch.testing.assert_close(resumed[name], straight[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists(tmp_path, monkeypatch):
+    """Ctrl-C twice in the middle of step 3: the second stops at once; the run exits 130 (not Lightning's
+    1) and names the last.ckpt it saved at step 2, which exists."""
+    monkeypatch.setattr(sys, "argv", ["r3l"])
+    ready, seen = tmp_path / "ready", tmp_path / "seen"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    command = [
+        sys.executable, "-m", "r3lightning.cli", "fit", *TINY_FIT, "--trainer.max_steps", "6",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--trainer.callbacks+=r3lightning.callbacks.StepCheckpoint", "--trainer.callbacks.every_n_steps=2",
+        "--trainer.callbacks+=signal_helpers.HoldMidStep", f"--trainer.callbacks.ready_file={ready}",
+        f"--trainer.callbacks.seen_file={seen}",
+    ]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for flag in (ready, seen):
+            deadline = time.monotonic() + 120
+            while not flag.exists() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert flag.exists(), process.communicate(timeout=30)[0] if process.poll() is not None else f"no {flag.name} in time"
+            process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    last = tmp_path / "runs" / "r3l" / "version_0" / "checkpoints" / "last.ckpt"
+    assert process.returncode == 128 + signal.SIGINT, output
+    assert f"SIGINT again: stopping now (the step that was running is lost); resume from {last} (global step 2)" in output, output
+    assert saved_step(last) == 2
+
+
+def test_partial_files_of_saves_that_never_finished_are_removed_at_the_next_start(tmp_path, capsys):
+    """A SIGKILL during a save leaves ``.last.ckpt.<pid>.<tag>.tmp``; the next run removes it, and keeps
+    the temporary file of a process that is still running."""
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    stale = directory / ".last.ckpt.4194999.0123abcd.tmp"  # above Linux's largest process id: no such process
+    live = directory / f".last.ckpt.{os.getppid()}.0123abcd.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    live.write_bytes(b"being written")
+    fit(tmp_path, 2, StepCheckpoint(every_n_steps=0))
+    assert not stale.exists() and live.exists()
+    assert f"removed 1 partial checkpoint file(s) of saves that never finished: {stale}" in capsys.readouterr().out

@@ -44,3 +44,26 @@ def test_refuses_what_it_cannot_export(tmp_path):
         quiet_trainer(1, callbacks=[HuggingFaceExport(dirpath=str(tmp_path), lora="adapter")]).fit(module, dm)
     with pytest.raises(ValueError, match="every_n_train_steps"):
         HuggingFaceExport(every_n_train_steps=-1)
+
+
+def test_an_unwritable_directory_is_found_at_setup_naming_the_callback(tmp_path):
+    module, dm = module_and_data(DigitSuite(), group_size=2, agent=AgentLoopConfig(action_format="raw"))
+    (tmp_path / "file").write_text("not a directory")
+    trainer = quiet_trainer(2, callbacks=[HuggingFaceExport(dirpath=str(tmp_path / "file" / "hf"))])
+    with pytest.raises(OSError, match=r"HuggingFaceExport: dirpath '.*/file/hf' is not writable: '.*/file' is a file, not a directory"):
+        trainer.fit(module, dm)
+    assert trainer.global_step == 0
+
+
+def test_a_full_disk_at_export_names_the_callback_and_leaves_nothing(tmp_path, monkeypatch):
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    module, dm = module_and_data(DigitSuite(), group_size=2, agent=AgentLoopConfig(action_format="raw"))
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", disk_full)
+    final = tmp_path / "hf" / "final"
+    with pytest.raises(OSError, match=rf"HuggingFaceExport: writing '{final}' failed: No space left on device; nothing was left there"):
+        quiet_trainer(1, callbacks=[HuggingFaceExport(dirpath=str(tmp_path / "hf"))]).fit(module, dm)
+    assert list((tmp_path / "hf").iterdir()) == []

@@ -87,7 +87,8 @@ def test_a_verification_past_its_deadline_is_skipped_and_named():
     verified = verify_rollouts(rows, SlowSuite(), stats, timeout_s=0.2)
     assert [r["sample"] for r in verified] == [1]
     assert stats.skipped == {"verifier_error": 1}
-    assert "task " + task.task_id + ", sample 0: the verifier failed (CallTimeout" in stats.messages[0]
+    assert "task " + task.task_id + ", sample 0: the verifier failed (EnvCallError: gnt-pool verification: SlowSuite: " in stats.messages[0]
+    assert "step (task " in stats.messages[0] and "failed: CallTimeout" in stats.messages[0]
 
 
 def test_expert_rollouts_keep_every_sample_and_its_provenance():
@@ -128,9 +129,10 @@ def test_gnt_pool_command_from_a_rollouts_file(tmp_path, capsys):
     assert len(out.read_text().splitlines()) == 14
 
 
-def test_gnt_pool_command_runs_an_expert_checkpoint(tmp_path):
+def test_gnt_pool_command_runs_an_expert_checkpoint(tmp_path, capsys):
     """An r3lightning checkpoint as the expert, through the hf engine; its model config saved as a plain
-    dict, as ``r3l fit`` (LightningCLI) saves init arguments."""
+    dict, as ``r3l fit`` (LightningCLI) saves init arguments. The untrained expert boxes no answer: every
+    row is read and skipped, and no empty pool is written."""
     import dataclasses
 
     import torch
@@ -146,12 +148,12 @@ def test_gnt_pool_command_runs_an_expert_checkpoint(tmp_path):
     torch.save(checkpoint, ckpt)
     out = tmp_path / "pool.jsonl"
     recipe = write_recipe(tmp_path / "recipe.yaml")
-    main(["gnt-pool", "--config", recipe, "--expert", str(ckpt), "--num_tasks", "3", "--samples", "2",
-          "--val_samples", "1", "--out", str(out)])
-    summary = json.loads((tmp_path / "pool.jsonl.summary.json").read_text())
-    assert summary["gnt/rows_read"] == 3 * 2 + 4
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert all(r["expert"] == str(ckpt) and r["engine"] == "hf" for r in rows)
+    with pytest.raises(SystemExit):
+        main(["gnt-pool", "--config", recipe, "--expert", str(ckpt), "--num_tasks", "3", "--samples", "2",
+              "--val_samples", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert f"--expert {str(ckpt)!r}: no row to write to the pool ({3 * 2 + 4} rows read, skipped 10 (unparseable_answer 10))" in err
+    assert not out.exists()
 
 
 def test_gnt_pool_command_reports_bad_input(tmp_path, capsys):

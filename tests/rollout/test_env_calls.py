@@ -1,11 +1,11 @@
 """The agent loop's environment calls: one long-lived daemon thread, a turn's calls handed over at once,
-each with its own deadline (``call_with_timeout``'s contract)."""
+each with its own deadline; a batch that overruns its deadline runs its unstarted calls at once."""
 
 import threading
 import time
 
 from r3lightning.envs.safety import CallTimeout
-from r3lightning.rollout.agent_loop import _EnvCaller
+from r3lightning.rollout.env_calls import EnvCaller as _EnvCaller
 
 
 def test_a_batch_runs_every_call_once_in_order_in_one_daemon_thread():

@@ -119,5 +119,5 @@ def test_malformed_step_results_are_refused_naming_environment_and_field(world_t
 
 
 def test_reset_returning_something_else_than_text_is_refused(world_tokenizer):
-    with pytest.raises(ValueError, match=r"Env.reset returned tuple for task 't0'"):
+    with pytest.raises(ValueError, match=r"Suite: Env.reset \(task 't0'\) returned tuple \(a gym-style"):
         play(suite_returning(StepResult("", 1.0, True, {}), reset=lambda task: ("question", {})), world_tokenizer)

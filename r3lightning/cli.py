@@ -40,6 +40,9 @@ MONITORING_CALLBACKS = (
 # Added unless the config names a ModelCheckpoint of its own or sets trainer.enable_checkpointing: false:
 # last.ckpt every N steps, at the end of fit and on SIGTERM/SIGINT (docs/reliability.md).
 STEP_CHECKPOINT = "r3lightning.callbacks.StepCheckpoint"
+# Added when model.engine.backend is vllm, unless the config names one: without it vLLM samples from
+# the initial weights for the whole run.
+VLLM_SYNC = "r3lightning.callbacks.VLLMWeightSync"
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -190,6 +193,24 @@ def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
     )
 
 
+def added_callbacks(trainer_config: dict, engine_backend: str) -> list:
+    """The callbacks ``r3l`` adds to the ``trainer:`` section's own (``trainer_config["callbacks"]``,
+    instantiated): the step progress bar unless ``enable_progress_bar`` is false; the phase report and
+    ``MONITORING_CALLBACKS`` unless the config names an instance of that class; ``STEP_CHECKPOINT``
+    unless it names a ``ModelCheckpoint`` or sets ``enable_checkpointing: false``; ``VLLM_SYNC`` when
+    ``engine_backend`` is ``vllm`` unless it names one."""
+    configured = trainer_config.get("callbacks") or []
+    configured = configured if isinstance(configured, list) else [configured]
+    added = [StepProgressBar()] if trainer_config.get("enable_progress_bar", True) is not False else []
+    defaults = [class_from_path(path) for path in (PHASE_REPORT, *MONITORING_CALLBACKS)]
+    if engine_backend == "vllm":
+        defaults.append(class_from_path(VLLM_SYNC))
+    added += [cls() for cls in defaults if not any(isinstance(c, cls) for c in configured)]
+    if trainer_config.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in configured):
+        added.append(class_from_path(STEP_CHECKPOINT)())
+    return added
+
+
 class R3LightningCLI(LightningCLI):
     """LightningCLI with r3lightning's module and datamodule and sensible RL defaults.
 
@@ -197,19 +218,14 @@ class R3LightningCLI(LightningCLI):
     plot) is always on, and a rich progress bar of steps (``StepProgressBar``) unless
     ``trainer.enable_progress_bar`` is false; further callbacks come from
     ``trainer.callbacks`` in the config. The training-dynamics monitor, the health watchdog and the
-    rollout sample logger (docs/monitoring.md) are added with their defaults unless the config
-    names its own instance of that class.
+    rollout sample logger (docs/monitoring.md), and with ``model.engine.backend: vllm`` the weight
+    sync, are added with their defaults unless the config names its own instance of that class
+    (``added_callbacks``).
     """
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
-        if config.get("enable_progress_bar", True) is not False:
-            callbacks = [*callbacks, StepProgressBar()]
-        configured = config.get("callbacks") or []
-        configured = configured if isinstance(configured, list) else [configured]
-        defaults = [class_from_path(path) for path in (PHASE_REPORT, *MONITORING_CALLBACKS)]
-        callbacks = [*callbacks, *(cls() for cls in defaults if not any(isinstance(c, cls) for c in configured))]
-        if config.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in configured):
-            callbacks.append(class_from_path(STEP_CHECKPOINT)())
+        backend = getattr(getattr(self.model, "engine_config", None), "backend", "hf")
+        callbacks = [*callbacks, *added_callbacks(config, backend)]
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):

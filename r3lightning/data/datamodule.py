@@ -30,6 +30,7 @@ from r3lightning.rollout.agent_loop import (
     AgentLoopConfig,
     EpisodeRequest,
     render_action,
+    resolve_action_format,
 )
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import RolloutEngine, SamplingParams
@@ -160,7 +161,7 @@ class RolloutDataModule(L.LightningDataModule):
         # Copies: dataclass defaults in a signature are shared between instances.
         self.sampling = dataclasses.replace(sampling)
         self.val_sampling = dataclasses.replace(val_sampling)
-        self.agent = dataclasses.replace(agent)
+        self.agent = resolve_action_format(suite, agent)  # a copy; refuses a format the suite does not read
         self.demos = dataclasses.replace(demos)
         self.val_tasks_per_batch = val_tasks_per_batch
         self.val_samples = val_samples
@@ -399,6 +400,7 @@ def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int =
     rendered expert actions of the first ``num_tasks`` training and validation tasks. Capping the
     validation tasks keeps the tokenizer (and so checkpoints) the same when only the size of the
     validation set changes."""
+    agent = resolve_action_format(suite, agent)
     texts = [suite.system_prompt, INVALID_FORMAT_FEEDBACK]
     tasks = [suite.train_task(i) for i in range(num_tasks)] + suite.val_tasks()[:num_tasks]
     for task in tasks:

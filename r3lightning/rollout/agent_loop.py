@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
-from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
+from r3lightning.envs.base import AnswerFormat, Environment, StepResult, Task, TaskSuite
 from r3lightning.envs.safety import CallTimeout
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
@@ -33,7 +33,9 @@ class AgentLoopConfig:
     Args:
         max_context_tokens: an episode whose context would exceed this ends as truncated.
         action_format: ``tag`` (the action is the text inside <action_tag>...</action_tag>), ``line``
-            (first non-empty line of the response) or ``raw`` (the whole response, e.g. a math solution).
+            (first non-empty line of the response) or ``raw`` (the whole response, e.g. a math solution);
+            null (default): the suite's ``answer_format`` (``raw`` for math), ``tag`` when it declares
+            none. A value that contradicts the suite's ``answer_format`` is refused.
         action_tag: tag name for the ``tag`` format.
         invalid_action: what to do when no action can be parsed: ``feedback`` (tell the policy and go
             on; the turn still counts toward the step limit) or ``end`` (end the episode with reward 0).
@@ -53,7 +55,7 @@ class AgentLoopConfig:
     """
 
     max_context_tokens: int = 2048
-    action_format: Literal["tag", "line", "raw"] = "tag"
+    action_format: Optional[AnswerFormat] = None
     action_tag: str = "action"
     invalid_action: Literal["feedback", "end"] = "feedback"
     step_timeout_s: Optional[float] = 30.0
@@ -116,8 +118,24 @@ class _Episode:
     reward_clipped: bool = False
 
 
+def resolve_action_format(suite: TaskSuite, config: AgentLoopConfig) -> AgentLoopConfig:
+    """A copy of ``config`` whose ``action_format`` is set: the suite's ``answer_format`` when unset
+    (``tag`` for a suite that declares none). Raises ValueError naming both keys when they disagree: a
+    math answer looked for inside ``<action>`` tags is never found, and every reward would be 0."""
+    declared = getattr(suite, "answer_format", None)
+    chosen = config.action_format
+    if chosen is not None and declared is not None and chosen != declared:
+        raise ValueError(
+            f"data.agent.action_format is {chosen!r} but data.suite ({type(suite).__name__}) answers in {declared!r} "
+            f"format (its answer_format): no action would parse and every reward would be 0; set "
+            f"data.agent.action_format: {declared} or leave it unset"
+        )
+    return dataclasses.replace(config, action_format=chosen or declared or "tag")
+
+
 def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
-    """Extract the action from a response; None when the format is not met."""
+    """Extract the action from a response; None when the format is not met. An unset
+    ``action_format`` reads as ``tag`` (``AgentLoop`` resolves it against its suite first)."""
     if config.action_format == "raw":
         return response
     if config.action_format == "line":
@@ -133,7 +151,7 @@ def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
 
 def render_action(action: str, config: AgentLoopConfig) -> str:
     """The assistant text that makes ``parse_action`` return ``action``."""
-    if config.action_format == "tag":
+    if config.action_format in ("tag", None):
         return f"<{config.action_tag}>{action}</{config.action_tag}>"
     return action
 
@@ -264,7 +282,7 @@ class AgentLoop:
         self.suite = suite
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config or AgentLoopConfig()
+        self.config = resolve_action_format(suite, config or AgentLoopConfig())
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
         self.generated_tokens = 0
         self._call = _EnvCaller()

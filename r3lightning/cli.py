@@ -398,6 +398,15 @@ def resolve_last_ckpt_path(config: Any) -> None:
     section["ckpt_path"] = path
 
 
+def importable_working_directory() -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m`` does: a config may name
+    ``my_rewards:score`` or ``my_package.MySuite`` from the directory ``r3l`` runs in (the ``r3l``
+    script's own ``sys.path[0]`` is the directory of the script)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``r3l``. Bad input (``EXPECTED_ERRORS``: a missing or damaged checkpoint or model
     directory, an empty or malformed dataset, a config that contradicts its checkpoint, a bad setting)
@@ -405,6 +414,7 @@ def main(args: list[str] | None = None) -> None:
     full traceback. A configuration that does not parse exits 2 (``parse_arguments``). A fit the health
     checks stopped (non-finite steps) exits 3 (``UNHEALTHY_EXIT``) with the reason."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    importable_working_directory()
     quiet_lightning()
     # Arguments from the command line go to LightningCLI as None (it reads sys.argv itself): given
     # explicitly as well, it warns that args and command-line arguments were both given.

@@ -28,12 +28,16 @@ class Task:
     prompt: the initial user message (for single-turn tasks, the question).
     answer: reference answer for verifiers (None for interactive worlds).
     data: anything else the environment needs to rebuild the episode (seed, game file, ...).
+    history: chat messages (``{"role", "content"}``) that come before ``prompt`` in the conversation: a
+        system message (which then replaces the suite's ``system_prompt``) and earlier turns; None: the
+        suite's system prompt, then ``prompt``.
     """
 
     task_id: str
     prompt: str
     answer: Optional[str] = None
     data: dict[str, Any] = field(default_factory=dict)
+    history: Optional[list[dict[str, str]]] = None
 
 
 @dataclass

@@ -288,7 +288,9 @@ class AgentLoop:
         self._call = _EnvCaller()
         # First prompts rendered during one ``_play`` (a group's episodes share their task's prompt;
         # rendering the chat template is the costly part of starting an episode).
-        self._first_prompts: dict[str, list[int]] = {}
+        self._first_prompts: dict[tuple[str, Optional[str]], list[int]] = {}
+        # Task.history of the tasks played that have one, by task id: ``rerender`` renders their first prompt.
+        self._histories: dict[str, list[dict]] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The engine's completions of ``prompts``; every generation of a rollout (episode turns,
@@ -303,7 +305,7 @@ class AgentLoop:
         was played; the trajectory itself when its first prompt is what this loop would render."""
         if not trajectory.turns or not trajectory.turns[0].observation:
             return trajectory
-        first = self.chat.first_prompt(trajectory.turns[0].observation)
+        first = self.chat.first_prompt(trajectory.turns[0].observation, self._histories.get(trajectory.task_id))
         if first == trajectory.turns[0].context_ids:
             return trajectory
         turns, previous_eos = [], False
@@ -384,9 +386,13 @@ class AgentLoop:
 
     def _context_for(self, ep: _Episode, message: str, previous_eos: bool) -> list[int]:
         if not ep.turns:
-            if message not in self._first_prompts:
-                self._first_prompts[message] = self.chat.first_prompt(message)
-            return list(self._first_prompts[message])
+            task = ep.request.task
+            key = (message, task.task_id if task.history else None)
+            if key not in self._first_prompts:
+                if task.history:
+                    self._histories[task.task_id] = task.history
+                self._first_prompts[key] = self.chat.first_prompt(message, task.history)
+            return list(self._first_prompts[key])
         return self.chat.next_user_turn(message, previous_eos)
 
     def _queue_observation(self, ep: _Episode, observation: str) -> None:

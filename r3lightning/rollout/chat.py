@@ -48,9 +48,11 @@ class ChatFormatter:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def first_prompt(self, user_message: str) -> list[int]:
-        """Tokens of system + first user message + generation prompt."""
-        return self.encode(self._render(self._messages(user_message), generation_prompt=True))
+    def first_prompt(self, user_message: str, history: Optional[list[dict]] = None) -> list[int]:
+        """Tokens of system + first user message + generation prompt; with ``history`` (a task's chat
+        messages before the user message, ``Task.history``), those messages instead of the system prompt."""
+        messages = [*history, {"role": "user", "content": user_message}] if history else self._messages(user_message)
+        return self.encode(self._render(messages, generation_prompt=True))
 
     def next_user_turn(self, user_message: str, previous_ended_with_eos: bool) -> list[int]:
         """Tokens to append after an assistant response to add ``user_message`` and a generation prompt.

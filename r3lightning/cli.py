@@ -1,6 +1,7 @@
 """``r3l``: LightningCLI for r3lightning (``r3l fit --config ...``, ``r3l validate --config ...``),
 ``r3l export --ckpt_path X.ckpt --out DIR`` (``r3lightning.export``), and ReflectRL's data tools
-``r3l gnt-pool`` and ``r3l reflect-sft`` (``r3lightning.data.reflectrl_tools``)."""
+``r3l gnt-pool`` and ``r3l reflect-sft`` (``r3lightning.data.reflectrl_tools``). The ``r3l`` script
+enters through ``r3lightning.console``, which answers the help and refusals that need no Lightning."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ STEP_CHECKPOINT = "r3lightning.callbacks.StepCheckpoint"
 # Added when model.engine.backend is vllm, unless the config names one: without it vLLM samples from
 # the initial weights for the whole run.
 VLLM_SYNC = "r3lightning.callbacks.VLLMWeightSync"
+
+INERT_TRAINER_FLAGS = {
+    "gradient_clip_val": (0, "set model.optim.grad_clip (the largest global gradient norm; 0 disables clipping)"),
+    "accumulate_grad_batches": (1, "a step's whole batch is one optimizer step already, accumulated over "
+                                   "model.optim.micro_batch_size micro-batches; data.tasks_per_step and data.group_size size the batch"),
+}
+"""Trainer flags of automatic optimization: (the value that does nothing, what to set instead)."""
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -222,6 +230,32 @@ class R3LightningCLI(LightningCLI):
     sync, are added with their defaults unless the config names its own instance of that class
     (``added_callbacks``).
     """
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate`` (LightningCLI's ``test`` and ``predict`` have no meaning here:
+        ``r3lightning.console.REFUSED_COMMANDS`` says what to use instead)."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
+    def add_core_arguments_to_parser(self, parser) -> None:
+        """LightningCLI's sections with r3lightning's own (``model``, ``data``) before the Trainer's
+        flags, so that ``r3l fit --help`` opens with them."""
+        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data)
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse the Trainer flags that manual optimization ignores (``INERT_TRAINER_FLAGS``), naming the
+        key that does the job here."""
+        subcommand = self.config.get("subcommand")
+        trainer = self.config[subcommand].get("trainer") if subcommand else None
+        if trainer is None:
+            return
+        for flag, (inert, instead) in INERT_TRAINER_FLAGS.items():
+            value = trainer.get(flag)
+            if value is not None and value != inert:
+                raise ValueError(f"trainer.{flag} ({value}) does nothing in r3lightning (the module steps its optimizer itself); {instead}")
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
         backend = getattr(getattr(self.model, "engine_config", None), "backend", "hf")

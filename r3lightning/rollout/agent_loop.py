@@ -284,6 +284,8 @@ class AgentLoop:
         self.tokenizer = tokenizer
         self.config = resolve_action_format(suite, config or AgentLoopConfig())
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
+        if suite.max_turns > 1:  # refused now, not at the first second turn
+            self.chat.require_prefix_stable(f"data.suite ({type(suite).__name__}) plays up to {suite.max_turns} turns")
         self.generated_tokens = 0
         self._call = _EnvCaller()
         # First prompts rendered during one ``_play`` (a group's episodes share their task's prompt;

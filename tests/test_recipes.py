@@ -21,7 +21,7 @@ RECIPES = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))
 OVERRIDE = ROOT / "tests" / "recipe_cpu_override.yaml"
 
 
-def r3l(args, cwd, env=None, timeout=900):
+def r3l(args, cwd, env=None, timeout=1800):
     script = Path(sys.executable).with_name("r3l")
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     done = subprocess.run([str(script), *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)

@@ -4,9 +4,10 @@
 ratios, rewards, rollout lengths, timings) from its own rank. ``TrainingDynamicsMonitor`` adds what
 needs the whole batch or all ranks: k1/k3 estimates of the KL to the reference, token counts and
 rewards summed over ranks (torchmetrics, synchronized when logged), the engine's weight version and
-the wall time of a whole step. ``RolloutSampleLogger`` writes a few complete trajectories as
-TensorBoard text and to ``<log_dir>/rollout_samples.jsonl`` so what the policy actually does can be
-read next to the curves.
+the wall time of a whole step, advantage statistics, the spread of response lengths and peak memory.
+``RolloutSampleLogger`` writes a few complete trajectories through the logger (TensorBoard text, a W&B
+table) and to ``<log_dir>/rollout_samples.jsonl`` so what the policy actually does can be read next to
+the curves.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
+import sys
 import time
 from typing import Any, Optional
 
 import lightning as L
+import torch
 from torchmetrics import MeanMetric, SumMetric
 
 from r3lightning.algos import kl_estimate
@@ -54,6 +58,12 @@ class TrainingDynamicsMonitor(L.Callback):
     - ``sync/weight_version``: optimizer steps in the weights the rollout engine holds, unless a weight-sync
       callback (``VLLMWeightSync``) logs it.
     - ``time/step_s``: wall time of the whole step (rollout, reward, update, callbacks before this one).
+    - ``train/advantage_{mean,std,min,max}`` over this rank's RL loss tokens, and
+      ``train/advantage_zero_share``: RL rows whose advantage is 0 on every loss token (no signal).
+    - ``rollout/response_len_{std,min,max}``: the spread of generated tokens per RL trajectory
+      (``rollout/response_len`` is the mean).
+    - ``memory/peak_allocated_gb``: on CUDA, the most memory torch held during the step;
+      ``memory/peak_rss_gb``: the process's peak resident memory so far (it never decreases).
 
     Cross-rank values are torchmetrics metrics updated with this rank's sums and computed (synchronized
     over ranks) when logged, then reset: per-step values, not running averages.
@@ -76,6 +86,8 @@ class TrainingDynamicsMonitor(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_start = time.perf_counter()
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for metric in self.metrics.values():
@@ -86,6 +98,7 @@ class TrainingDynamicsMonitor(L.Callback):
         values: dict[str, float] = {}
         experience = getattr(pl_module, "last_experience", None)
         if experience is not None:
+            values.update(advantage_stats(experience.advantages, experience.loss_mask))
             loss_mask = experience.loss_mask[:, 1:].float()
             rl_tokens = float(loss_mask.sum())
             values.update(self._sync("train/rl_tokens_all_ranks", rl_tokens))
@@ -104,6 +117,9 @@ class TrainingDynamicsMonitor(L.Callback):
             success = sum(float(t.success) for t in rl) / max(n, 1.0)
             values.update(self._sync("reward/mean_all_ranks", reward, weight=n))
             values.update(self._sync("reward/success_rate_all_ranks", success, weight=n))
+        rl_lengths = [t.num_response_tokens for t in getattr(pl_module, "last_trajectories", None) or [] if not t.is_sft]
+        values.update(length_spread(rl_lengths))
+        values.update(peak_memory_gb(pl_module.device))
         engine = getattr(pl_module, "engine", None)
         if self._log_weight_version and engine is not None:
             values["sync/weight_version"] = float(engine.weight_version)
@@ -129,6 +145,50 @@ class TrainingDynamicsMonitor(L.Callback):
         return {name: result} if math.isfinite(result) else {}
 
 
+def advantage_stats(advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+    """``train/advantage_{mean,std,min,max}`` over the tokens where ``loss_mask`` is 1, and
+    ``train/advantage_zero_share``: rows with loss tokens whose advantage is 0 on all of them, over rows
+    with loss tokens. advantages, loss_mask: [B, T]. Empty when no token is an RL loss token (SFT steps).
+    The std is the population std (divided by the token count)."""
+    mask = loss_mask.bool()
+    if not bool(mask.any()):
+        return {}
+    values = advantages[mask].float()
+    rows = mask.any(dim=1)
+    zero_rows = ((advantages.abs() * mask).sum(dim=1) == 0) & rows
+    return {
+        "train/advantage_mean": float(values.mean()),
+        "train/advantage_std": float(values.std(unbiased=False)),
+        "train/advantage_min": float(values.min()),
+        "train/advantage_max": float(values.max()),
+        "train/advantage_zero_share": float(zero_rows.sum()) / float(rows.sum()),
+    }
+
+
+def length_spread(lengths: list[int]) -> dict[str, float]:
+    """``rollout/response_len_{std,min,max}`` of generated tokens per trajectory (population std); empty
+    for no trajectory."""
+    if not lengths:
+        return {}
+    mean = sum(lengths) / len(lengths)
+    return {
+        "rollout/response_len_std": (sum((n - mean) ** 2 for n in lengths) / len(lengths)) ** 0.5,
+        "rollout/response_len_min": float(min(lengths)),
+        "rollout/response_len_max": float(max(lengths)),
+    }
+
+
+def peak_memory_gb(device: torch.device) -> dict[str, float]:
+    """``memory/peak_rss_gb``: the process's peak resident memory so far (Linux reports KiB, macOS bytes);
+    on CUDA also ``memory/peak_allocated_gb``: the most torch allocated on ``device`` since the last
+    ``torch.cuda.reset_peak_memory_stats``."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"memory/peak_rss_gb": peak / (2**30 if sys.platform == "darwin" else 2**20)}
+    if device.type == "cuda":
+        out["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
 def _logs_weight_version(callback: L.Callback) -> bool:
     return bool(getattr(callback, "logs_weight_version", False)) or type(callback).__name__ == "VLLMWeightSync"
 
@@ -142,9 +202,10 @@ class RolloutSampleLogger(L.Callback):
     and text fields of ``Trajectory.info`` (reflections, guidance, errors). Samples are picked round
     robin over origins (base, distilled, reflection SFT, ...) so every kind of sample shows up.
 
-    Written to TensorBoard as text (tag ``samples/rollouts``, rank 0, when the logger is a
-    TensorBoardLogger) and appended to ``<log_dir>/rollout_samples.jsonl`` (one JSON object per
-    trajectory, with its ``step``). Runs without a logger (``trainer.logger: false``) write nothing.
+    Written through every logger that shows text (rank 0): TensorBoard as text (tag
+    ``samples/rollouts``), W&B as a table of the same name (``SAMPLE_COLUMNS``), and appended to
+    ``<log_dir>/rollout_samples.jsonl`` (one JSON object per trajectory, with its ``step``; the place a
+    CSV logger's run has them). Runs without a logger (``trainer.logger: false``) write nothing.
 
     Args:
         every_n_steps: log at global steps that are multiples of this (and at the first step).
@@ -178,8 +239,11 @@ class RolloutSampleLogger(L.Callback):
                 handle.write(json.dumps(record) + "\n")
         text = "\n\n---\n\n".join(render_markdown(r) for r in records)
         for logger in trainer.loggers:
+            if hasattr(logger, "log_table"):  # W&B: one row per sample
+                logger.log_table("samples/rollouts", columns=list(SAMPLE_COLUMNS), data=[sample_row(r) for r in records], step=step)
+                continue
             experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_text"):
+            if hasattr(experiment, "add_text"):  # TensorBoard's Text tab
                 experiment.add_text("samples/rollouts", text, global_step=step)
 
     def record(self, trajectory: Trajectory, tokenizer, step: int) -> dict[str, Any]:
@@ -238,6 +302,15 @@ class RolloutSampleLogger(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._last_step = int(state_dict.get("last_step", -1))
+
+
+SAMPLE_COLUMNS = ("step", "task_id", "origin", "reward", "success", "end_reason", "sample")
+"""Columns of the W&B table of samples; ``sample`` is the Markdown TensorBoard shows."""
+
+
+def sample_row(record: dict[str, Any]) -> list[Any]:
+    """One sample (``RolloutSampleLogger.record``) as a row of ``SAMPLE_COLUMNS``."""
+    return [*(record[c] for c in SAMPLE_COLUMNS[:-1]), render_markdown(record)]
 
 
 def pick_samples(trajectories: list[Trajectory], n: int) -> list[Trajectory]:

@@ -1,6 +1,7 @@
 """``r3l``: LightningCLI for r3lightning (``r3l fit --config ...``, ``r3l validate --config ...``),
 ``r3l export --ckpt_path X.ckpt --out DIR`` (``r3lightning.export``), and ReflectRL's data tools
-``r3l gnt-pool`` and ``r3l reflect-sft`` (``r3lightning.data.reflectrl_tools``)."""
+``r3l gnt-pool`` and ``r3l reflect-sft`` (``r3lightning.data.reflectrl_tools``). The ``r3l`` script
+enters through ``r3lightning.console``, which answers the help and refusals that need no Lightning."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ STEP_CHECKPOINT = "r3lightning.callbacks.StepCheckpoint"
 # Always on, configured under ``health:`` (``--health.strict true``): a switched-on method component that
 # never acts is named in a warning, or stops a strict run (docs/monitoring.md, "Component activity").
 COMPONENT_HEALTH = "r3lightning.callbacks.ComponentHealth"
+# Added when model.engine.backend is vllm, unless the config names one: without it vLLM samples from
+# the initial weights for the whole run.
+VLLM_SYNC = "r3lightning.callbacks.VLLMWeightSync"
+
+INERT_TRAINER_FLAGS = {
+    "gradient_clip_val": (0, "set model.optim.grad_clip (the largest global gradient norm; 0 disables clipping)"),
+    "accumulate_grad_batches": (1, "a step's whole batch is one optimizer step already, accumulated over "
+                                   "model.optim.micro_batch_size micro-batches; data.tasks_per_step and data.group_size size the batch"),
+}
+"""Trainer flags of automatic optimization: (the value that does nothing, what to set instead)."""
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -203,6 +214,24 @@ def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
     )
 
 
+def added_callbacks(trainer_config: dict, engine_backend: str) -> list:
+    """The callbacks ``r3l`` adds to the ``trainer:`` section's own (``trainer_config["callbacks"]``,
+    instantiated): the step progress bar unless ``enable_progress_bar`` is false; the phase report and
+    ``MONITORING_CALLBACKS`` unless the config names an instance of that class; ``STEP_CHECKPOINT``
+    unless it names a ``ModelCheckpoint`` or sets ``enable_checkpointing: false``; ``VLLM_SYNC`` when
+    ``engine_backend`` is ``vllm`` unless it names one."""
+    configured = trainer_config.get("callbacks") or []
+    configured = configured if isinstance(configured, list) else [configured]
+    added = [StepProgressBar()] if trainer_config.get("enable_progress_bar", True) is not False else []
+    defaults = [class_from_path(path) for path in (PHASE_REPORT, *MONITORING_CALLBACKS)]
+    if engine_backend == "vllm":
+        defaults.append(class_from_path(VLLM_SYNC))
+    added += [cls() for cls in defaults if not any(isinstance(c, cls) for c in configured)]
+    if trainer_config.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in configured):
+        added.append(class_from_path(STEP_CHECKPOINT)())
+    return added
+
+
 class R3LightningCLI(LightningCLI):
     """LightningCLI with r3lightning's module and datamodule and sensible RL defaults.
 
@@ -210,19 +239,40 @@ class R3LightningCLI(LightningCLI):
     plot) is always on, and a rich progress bar of steps (``StepProgressBar``) unless
     ``trainer.enable_progress_bar`` is false; further callbacks come from
     ``trainer.callbacks`` in the config. The training-dynamics monitor, the health watchdog and the
-    rollout sample logger (docs/monitoring.md) are added with their defaults unless the config
-    names its own instance of that class.
+    rollout sample logger (docs/monitoring.md), and with ``model.engine.backend: vllm`` the weight
+    sync, are added with their defaults unless the config names its own instance of that class
+    (``added_callbacks``).
     """
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate`` (LightningCLI's ``test`` and ``predict`` have no meaning here:
+        ``r3lightning.console.REFUSED_COMMANDS`` says what to use instead)."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
+    def add_core_arguments_to_parser(self, parser) -> None:
+        """LightningCLI's sections with r3lightning's own (``model``, ``data``) before the Trainer's
+        flags, so that ``r3l fit --help`` opens with them."""
+        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data)
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse the Trainer flags that manual optimization ignores (``INERT_TRAINER_FLAGS``), naming the
+        key that does the job here."""
+        subcommand = self.config.get("subcommand")
+        trainer = self.config[subcommand].get("trainer") if subcommand else None
+        if trainer is None:
+            return
+        for flag, (inert, instead) in INERT_TRAINER_FLAGS.items():
+            value = trainer.get(flag)
+            if value is not None and value != inert:
+                raise ValueError(f"trainer.{flag} ({value}) does nothing in r3lightning (the module steps its optimizer itself); {instead}")
+
     def _instantiate_trainer(self, config: dict, callbacks: list):
-        if config.get("enable_progress_bar", True) is not False:
-            callbacks = [*callbacks, StepProgressBar()]
-        configured = config.get("callbacks") or []
-        configured = configured if isinstance(configured, list) else [configured]
-        defaults = [class_from_path(path) for path in (PHASE_REPORT, *MONITORING_CALLBACKS)]
-        callbacks = [*callbacks, *(cls() for cls in defaults if not any(isinstance(c, cls) for c in configured))]
-        if config.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in configured):
-            callbacks.append(class_from_path(STEP_CHECKPOINT)())
+        backend = getattr(getattr(self.model, "engine_config", None), "backend", "hf")
+        callbacks = [*callbacks, *added_callbacks(config, backend)]
         plugins = config.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -414,6 +464,15 @@ def resolve_last_ckpt_path(config: Any) -> None:
     section["ckpt_path"] = path
 
 
+def importable_working_directory() -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m`` does: a config may name
+    ``my_rewards:score`` or ``my_package.MySuite`` from the directory ``r3l`` runs in (the ``r3l``
+    script's own ``sys.path[0]`` is the directory of the script)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``r3l``. Bad input (``EXPECTED_ERRORS``: a missing or damaged checkpoint or model
     directory, an empty or malformed dataset, a config that contradicts its checkpoint, a bad setting)
@@ -421,6 +480,7 @@ def main(args: list[str] | None = None) -> None:
     full traceback. A configuration that does not parse exits 2 (``parse_arguments``). A fit the health
     checks stopped (non-finite steps) exits 3 (``UNHEALTHY_EXIT``) with the reason."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    importable_working_directory()
     quiet_lightning()
     # Arguments from the command line go to LightningCLI as None (it reads sys.argv itself): given
     # explicitly as well, it warns that args and command-line arguments were both given.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Literal, Optional
 
 import torch
@@ -63,7 +64,9 @@ class ModelConfig:
         lora_alpha: LoRA scaling numerator.
         lora_target_modules: module names LoRA wraps.
         gradient_checkpointing: trade compute for activation memory.
-        chat_template: Jinja chat template to use when the tokenizer has none (default ChatML).
+        chat_template: the chat template, which replaces the tokenizer's own: Jinja text, the path of a
+            file holding it, or the name of a shipped one (``qwen3_prefix_stable``: the Qwen3 family's
+            format, prefix-stable, for multi-turn tasks). Null: the tokenizer's (ChatML for a tiny model).
     """
 
     name_or_path: str = ""
@@ -74,6 +77,33 @@ class ModelConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False
     chat_template: Optional[str] = None
+
+
+CHAT_TEMPLATE_KEY = "model.model.chat_template"
+SHIPPED_TEMPLATES = Path(__file__).resolve().parent / "templates"
+"""Where the shipped chat templates (``<name>.jinja``) live."""
+
+
+def chat_template_text(value: str) -> str:
+    """The Jinja template ``model.model.chat_template`` gives: ``value`` itself when it is template text
+    (holds ``{{`` or ``{%``), the file ``value`` names, or the shipped ``templates/<value>.jinja``. Raises
+    FileNotFoundError naming the key when it is none of these."""
+    if "{{" in value or "{%" in value:
+        return value
+    for path in (Path(value).expanduser(), SHIPPED_TEMPLATES / f"{value}.jinja"):
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED_TEMPLATES.glob("*.jinja")))
+    raise FileNotFoundError(
+        f"{CHAT_TEMPLATE_KEY}: {value!r} is neither template text, nor a file, nor a shipped template ({shipped})"
+    )
+
+
+def apply_chat_template_setting(tokenizer: PreTrainedTokenizerFast, config: "ModelConfig") -> None:
+    """Give ``tokenizer`` the template of ``model.model.chat_template`` when it is set (it always wins over
+    the tokenizer's own)."""
+    if config.chat_template:
+        tokenizer.chat_template = chat_template_text(config.chat_template)
 
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
@@ -224,13 +254,12 @@ def load_pretrained(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTok
         raise ValueError(f"model.name_or_path: cannot load {path!r} ({type(err).__name__}: {' '.join(str(err).split())})") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    apply_chat_template_setting(tokenizer, config)
     if tokenizer.chat_template is None:
-        if config.chat_template is None:
-            raise ValueError(
-                f"model.name_or_path: the tokenizer of {path!r} has no chat template; set "
-                "model.chat_template to a Jinja template (r3lightning.models.CHATML_TEMPLATE is one)"
-            )
-        tokenizer.chat_template = config.chat_template
+        raise ValueError(
+            f"model.name_or_path: the tokenizer of {path!r} has no chat template; set "
+            f"{CHAT_TEMPLATE_KEY} to a Jinja template, a file holding one, or a shipped one (qwen3_prefix_stable)"
+        )
     return model, tokenizer
 
 

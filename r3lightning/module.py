@@ -35,7 +35,7 @@ from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.data.evaluation import validation_figures, validation_names
 from r3lightning.data.experience import make_experience
 from r3lightning.data.failure_ranking import RankingActivity, rank_failures
-from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
 from r3lightning.rollout.engine import RolloutEngine
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
@@ -149,6 +149,7 @@ class R3LightningModule(L.LightningModule):
                 policy, tokenizer = load_pretrained(self.model_config)
             else:
                 tokenizer = build_tokenizer(self.datamodule.tokenizer_corpus(), self.model_config.tiny.vocab_size)
+                apply_chat_template_setting(tokenizer, self.model_config)
                 policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
             self._install(policy, tokenizer)
         self.datamodule.connect(self.engine, self.tokenizer)

@@ -138,11 +138,11 @@ def test_tokenizer_without_chat_template(tmp_path):
     tokenizer = build_tokenizer(["What is 1+1?", "\\boxed{2}"] * 4, vocab_size=TINY_SPEC.vocab_size)
     model = build_tiny_model(TINY_SPEC, tokenizer)
     tokenizer.chat_template = None
-    with pytest.raises(ValueError, match="tokenizer has no chat template; set model.chat_template"):
+    with pytest.raises(ValueError, match="tokenizer has no chat template; set model.model.chat_template"):
         ChatFormatter(tokenizer)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="has no chat template; set model.chat_template"):
+    with pytest.raises(ValueError, match="has no chat template; set model.model.chat_template"):
         load_pretrained(ModelConfig(name_or_path=str(tmp_path)))
     from r3lightning.models import CHATML_TEMPLATE
 

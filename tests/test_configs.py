@@ -342,7 +342,7 @@ def test_gpu_recipes_run_r3l_on_qwen(cli, name):
     assert [c.class_path for c in cfg.trainer.callbacks] == ["r3lightning.callbacks.VLLMWeightSync"]
     assert cfg.data.suite.class_path == suite and getattr(cfg.data.suite.init_args, limit_key) == limit
     header = path.read_text().split("\nseed_everything")[0]
-    assert "UNTESTED" in header and f"r3l fit --config configs/recipes/{name}" in header
+    assert "NOT RUN AT THIS SIZE" in header and "tests/test_recipes.py" in header and f"r3l fit --config configs/recipes/{name}" in header
 
 
 def test_comparison_arms_parse_on_the_quickstart_as_their_presets(cli, monkeypatch):

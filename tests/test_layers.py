@@ -29,6 +29,7 @@ LAYERS = {
     "r3lightning.module": 4,
     "r3lightning.cli": 5,
     "r3lightning.config_yaml": 0,
+    "r3lightning.console": 5,
     "r3lightning.export": 5,
     "r3lightning.resume_check": 5,
     "r3lightning.callbacks": 6,

@@ -30,6 +30,7 @@ from r3lightning.rollout.agent_loop import (
     AgentLoopConfig,
     EpisodeRequest,
     render_action,
+    resolve_action_format,
 )
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.state_checks import expect_int
@@ -118,7 +119,8 @@ class RolloutDataModule(L.LightningDataModule):
         tasks_per_step: tasks per optimizer step on each rank.
         sampling: sampling parameters for training rollouts.
         val_sampling: sampling parameters of validation episodes; the greedy pass uses them with
-            temperature 0.
+            temperature 0. Null (default): ``sampling``'s token budget, top_p and stop strings at
+            temperature 1, so validation answers get the room training answers get.
         agent: how episodes are played (action format, context limit, step timeout...).
         demos: where SFT warm-start demonstrations come from.
         val_tasks_per_batch: validation tasks per batch.
@@ -141,7 +143,7 @@ class RolloutDataModule(L.LightningDataModule):
         group_size: int = 8,
         tasks_per_step: int = 4,
         sampling: SamplingParams = SamplingParams(),
-        val_sampling: SamplingParams = SamplingParams(temperature=1.0),
+        val_sampling: Optional[SamplingParams] = None,
         agent: AgentLoopConfig = AgentLoopConfig(),
         demos: DemoConfig = DemoConfig(),
         val_tasks_per_batch: int = 32,
@@ -162,8 +164,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.tasks_per_step = tasks_per_step
         # Copies: dataclass defaults in a signature are shared between instances.
         self.sampling = dataclasses.replace(sampling)
-        self.val_sampling = dataclasses.replace(val_sampling)
-        self.agent = dataclasses.replace(agent)
+        self.val_sampling = dataclasses.replace(sampling, temperature=1.0) if val_sampling is None else dataclasses.replace(val_sampling)
+        self.agent = resolve_action_format(suite, agent)  # a copy; refuses a format the suite does not read
         self.demos = dataclasses.replace(demos)
         self.val_tasks_per_batch = val_tasks_per_batch
         self.val_samples = val_samples
@@ -470,6 +472,7 @@ def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int =
     serves every method. Capping the validation tasks keeps the tokenizer (and so checkpoints) the same
     when only the size of the validation set changes."""
     check_suite(suite)
+    agent = resolve_action_format(suite, agent)
     # The environment calls get the agent loop's deadline and checks; one that fails stops the run with a
     # line naming it (skipping it would make the tokenizer, and so the checkpoints, depend on a fault).
     calls = SuiteCalls(suite, agent.step_timeout_s, "data.suite: building the tokenizer's corpus")

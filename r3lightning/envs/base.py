@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Literal, Optional, Protocol, runtime_checkable
+
+AnswerFormat = Literal["tag", "line", "raw"]
+"""How a response becomes an action: the text inside an ``<action>`` tag, its first non-empty line, or
+the whole response (``r3lightning.rollout.agent_loop.parse_action``)."""
 
 
 @dataclass
@@ -24,12 +28,16 @@ class Task:
     prompt: the initial user message (for single-turn tasks, the question).
     answer: reference answer for verifiers (None for interactive worlds).
     data: anything else the environment needs to rebuild the episode (seed, game file, ...).
+    history: chat messages (``{"role", "content"}``) that come before ``prompt`` in the conversation: a
+        system message (which then replaces the suite's ``system_prompt``) and earlier turns; None: the
+        suite's system prompt, then ``prompt``.
     """
 
     task_id: str
     prompt: str
     answer: Optional[str] = None
     data: dict[str, Any] = field(default_factory=dict)
+    history: Optional[list[dict[str, str]]] = None
 
 
 @dataclass
@@ -63,13 +71,17 @@ class Environment(Protocol):
 class TaskSuite(abc.ABC):
     """What the data layer configures: a task source plus a way to make environments.
 
-    Subclass it and name the subclass in ``data.suite.class_path``. Subclasses set two attributes:
-    ``system_prompt`` (the system message of each conversation) and ``max_turns`` (the episode step
-    limit).
+    Subclass it and name the subclass in ``data.suite.class_path``. Subclasses set ``system_prompt``
+    (the system message of each conversation), ``max_turns`` (the episode step limit) and, when their
+    environment reads responses in one way only, ``answer_format``.
     """
 
     system_prompt: str = ""
     max_turns: int = 1
+    answer_format: Optional[AnswerFormat] = None
+    """The response format the environment reads (``raw`` for a verifier that finds the answer in the
+    whole response), or None when it reads any (it parses actions itself). ``data.agent.action_format``
+    must agree: unset, it takes this value; set to another, the datamodule refuses to start."""
 
     @abc.abstractmethod
     def make_env(self) -> Environment:

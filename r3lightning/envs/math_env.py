@@ -392,7 +392,11 @@ class MathSuite(TaskSuite):
         demo_style: SFT demonstration: ``answer_only`` (just ``\\boxed{answer}``) or ``solution``
             (the source's worked solution, then the boxed answer).
         verify_timeout_s: seconds one verification may take before the sample is masked.
+
+    The verifier reads the whole response (``answer_format = "raw"``).
     """
+
+    answer_format = "raw"
 
     def __init__(
         self,

@@ -142,6 +142,7 @@ class ReflectiveSuite(TaskSuite):
         self.show_gnt_in_validation = show_gnt_in_validation
         self.seed = seed
         self.system_prompt = suite.system_prompt
+        self.answer_format = suite.answer_format
         self.max_turns = 1
         self._train_gnt: Optional[list[dict[str, Any]]] = None
         self._val_gnt: dict[str, dict[str, Any]] = {}

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
-from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
+from r3lightning.envs.base import AnswerFormat, Environment, StepResult, Task, TaskSuite
 from r3lightning.rollout.env_calls import EnvCaller, SuiteCalls, check_reset_result, check_step_result, check_suite
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
@@ -30,7 +30,9 @@ class AgentLoopConfig:
     Args:
         max_context_tokens: an episode whose context would exceed this ends as truncated.
         action_format: ``tag`` (the action is the text inside <action_tag>...</action_tag>), ``line``
-            (first non-empty line of the response) or ``raw`` (the whole response, e.g. a math solution).
+            (first non-empty line of the response) or ``raw`` (the whole response, e.g. a math solution);
+            null (default): the suite's ``answer_format`` (``raw`` for math), ``tag`` when it declares
+            none. A value that contradicts the suite's ``answer_format`` is refused.
         action_tag: tag name for the ``tag`` format.
         invalid_action: what to do when no action can be parsed: ``feedback`` (tell the policy and go
             on; the turn still counts toward the step limit) or ``end`` (end the episode with reward 0).
@@ -50,7 +52,7 @@ class AgentLoopConfig:
     """
 
     max_context_tokens: int = 2048
-    action_format: Literal["tag", "line", "raw"] = "tag"
+    action_format: Optional[AnswerFormat] = None
     action_tag: str = "action"
     invalid_action: Literal["feedback", "end"] = "feedback"
     step_timeout_s: Optional[float] = 30.0
@@ -113,8 +115,24 @@ class _Episode:
     reward_clipped: bool = False
 
 
+def resolve_action_format(suite: TaskSuite, config: AgentLoopConfig) -> AgentLoopConfig:
+    """A copy of ``config`` whose ``action_format`` is set: the suite's ``answer_format`` when unset
+    (``tag`` for a suite that declares none). Raises ValueError naming both keys when they disagree: a
+    math answer looked for inside ``<action>`` tags is never found, and every reward would be 0."""
+    declared = getattr(suite, "answer_format", None)
+    chosen = config.action_format
+    if chosen is not None and declared is not None and chosen != declared:
+        raise ValueError(
+            f"data.agent.action_format is {chosen!r} but data.suite ({type(suite).__name__}) answers in {declared!r} "
+            f"format (its answer_format): no action would parse and every reward would be 0; set "
+            f"data.agent.action_format: {declared} or leave it unset"
+        )
+    return dataclasses.replace(config, action_format=chosen or declared or "tag")
+
+
 def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
-    """Extract the action from a response; None when the format is not met."""
+    """Extract the action from a response; None when the format is not met. An unset
+    ``action_format`` reads as ``tag`` (``AgentLoop`` resolves it against its suite first)."""
     if config.action_format == "raw":
         return response
     if config.action_format == "line":
@@ -130,7 +148,7 @@ def parse_action(response: str, config: AgentLoopConfig) -> Optional[str]:
 
 def render_action(action: str, config: AgentLoopConfig) -> str:
     """The assistant text that makes ``parse_action`` return ``action``."""
-    if config.action_format == "tag":
+    if config.action_format in ("tag", None):
         return f"<{config.action_tag}>{action}</{config.action_tag}>"
     return action
 
@@ -147,8 +165,10 @@ class AgentLoop:
         self.suite = suite
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config or AgentLoopConfig()
+        self.config = resolve_action_format(suite, config or AgentLoopConfig())
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
+        if suite.max_turns > 1:  # refused now, not at the first second turn
+            self.chat.require_prefix_stable(f"data.suite ({type(suite).__name__}) plays up to {suite.max_turns} turns")
         self.generated_tokens = 0
         check_suite(suite)
         self._call = EnvCaller()
@@ -156,7 +176,9 @@ class AgentLoop:
         """Single environment calls outside episodes (scripted warm-start data), under the same deadline."""
         # First prompts rendered during one ``_play`` (a group's episodes share their task's prompt;
         # rendering the chat template is the costly part of starting an episode).
-        self._first_prompts: dict[str, list[int]] = {}
+        self._first_prompts: dict[tuple[str, Optional[str]], list[int]] = {}
+        # Task.history of the tasks played that have one, by task id: ``rerender`` renders their first prompt.
+        self._histories: dict[str, list[dict]] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The engine's completions of ``prompts``; every generation of a rollout (episode turns,
@@ -171,7 +193,7 @@ class AgentLoop:
         was played; the trajectory itself when its first prompt is what this loop would render."""
         if not trajectory.turns or not trajectory.turns[0].observation:
             return trajectory
-        first = self.chat.first_prompt(trajectory.turns[0].observation)
+        first = self.chat.first_prompt(trajectory.turns[0].observation, self._histories.get(trajectory.task_id))
         if first == trajectory.turns[0].context_ids:
             return trajectory
         turns, previous_eos = [], False
@@ -252,9 +274,13 @@ class AgentLoop:
 
     def _context_for(self, ep: _Episode, message: str, previous_eos: bool) -> list[int]:
         if not ep.turns:
-            if message not in self._first_prompts:
-                self._first_prompts[message] = self.chat.first_prompt(message)
-            return list(self._first_prompts[message])
+            task = ep.request.task
+            key = (message, task.task_id if task.history else None)
+            if key not in self._first_prompts:
+                if task.history:
+                    self._histories[task.task_id] = task.history
+                self._first_prompts[key] = self.chat.first_prompt(message, task.history)
+            return list(self._first_prompts[key])
         return self.chat.next_user_turn(message, previous_eos)
 
     def _queue_observation(self, ep: _Episode, observation: str) -> None:

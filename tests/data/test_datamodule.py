@@ -133,3 +133,15 @@ def test_reflection_demos_limited_to_reflection_tasks_per_step():
     origins = [d.origin for d in demos]
     assert origins.count("demo") == 4 and origins.count("reflect_sft") == 1 and origins.count("retry_sft") <= 1
     assert all(d.success for d in demos if d.origin == "demo")
+
+
+def test_validation_answers_get_the_training_token_budget_unless_set():
+    from r3lightning.data.datamodule import RolloutDataModule
+    from r3lightning.envs.math_env import MathSuite
+    from r3lightning.rollout.engine import SamplingParams
+
+    suite = MathSuite(source="arithmetic", num_val_tasks=2)
+    data = RolloutDataModule(suite, sampling=SamplingParams(temperature=0.7, max_new_tokens=300, stop=["\n\n"]))
+    assert (data.val_sampling.max_new_tokens, data.val_sampling.temperature, data.val_sampling.stop) == (300, 1.0, ["\n\n"])
+    own = RolloutDataModule(suite, sampling=SamplingParams(max_new_tokens=300), val_sampling=SamplingParams(max_new_tokens=20))
+    assert own.val_sampling.max_new_tokens == 20

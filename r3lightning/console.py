@@ -1,0 +1,146 @@
+"""The ``r3l`` command. What it can answer without Lightning it answers here, in well under a second:
+the command list (``r3l --help``), the refusal of LightningCLI's ``test`` and ``predict``, and
+``r3l fit --help`` / ``r3l validate --help`` from a cache of their text. Everything else, and the first
+help of each command after an install or an edit, goes to ``r3lightning.cli.main``: importing Lightning
+(which imports torch, torchmetrics and transformers) and building the parser takes about 5 s.
+
+This module imports only the standard library; ``r3lightning.cli`` is imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import sys
+from importlib import metadata, util
+from pathlib import Path
+from typing import Optional
+
+COMMANDS = {
+    "fit": "train as the config says: SFT warm-start, then RL (r3l fit --config RECIPE.yaml)",
+    "validate": "play the validation tasks with a checkpoint (--ckpt_path) or a pretrained model",
+    "export": "write a checkpoint's policy as a Hugging Face model directory (--ckpt_path X.ckpt --out DIR)",
+    "gnt-pool": "ReflectRL: build the golden-negative pool from an expert's wrong answers",
+    "reflect-sft": "ReflectRL: write the reflective SFT data of a golden-negative pool",
+}
+"""Every command of ``r3l`` and what it does (``r3l --help``)."""
+LIGHTNING_COMMANDS = ("fit", "validate")
+"""The commands LightningCLI parses (``R3LightningCLI.subcommands``); the others have their own parsers."""
+REFUSED_COMMANDS = {
+    "test": "there is no test split here: r3l validate --ckpt_path CKPT plays the validation tasks",
+    "predict": "r3l export --ckpt_path CKPT --out DIR writes the policy as a Hugging Face model to generate with",
+}
+"""LightningCLI's commands that have no meaning for r3lightning, and what to use instead."""
+HELP_FLAGS = ("-h", "--help")
+CACHE_FINGERPRINT_PACKAGES = ("lightning", "jsonargparse", "torch", "transformers", "peft")
+"""Installed packages whose versions change the text of ``r3l fit --help`` (the classes it documents)."""
+
+
+def top_level_help() -> str:
+    width = max(len(name) for name in COMMANDS) + 2
+    lines = [
+        f"usage: r3l {{{','.join(COMMANDS)}}} ...",
+        "",
+        "r3lightning: reinforcement learning of language models with reflection (R3L, R3, ReflectRL, GRPO family).",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}{text}" for name, text in COMMANDS.items()),
+        "",
+        "r3l COMMAND --help lists the command's options; r3l fit --config RECIPE.yaml --print_config shows a",
+        "whole resolved config.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cache_dir() -> Path:
+    """Where help texts are cached: ``$R3L_CACHE_DIR``, else ``$XDG_CACHE_HOME/r3lightning``, else
+    ``~/.cache/r3lightning``."""
+    if os.environ.get("R3L_CACHE_DIR"):
+        return Path(os.environ["R3L_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "r3lightning"
+
+
+def source_dirs() -> list[Path]:
+    """The folders of r3lightning's code (the package and its callbacks, installed from ``callbacks/``),
+    found without importing them."""
+    dirs = []
+    for name in ("r3lightning", "r3lightning.callbacks"):
+        spec = util.find_spec(name)
+        if spec is not None and spec.origin:
+            dirs.append(Path(spec.origin).parent)
+    return dirs
+
+
+def help_cache_key(args: list[str], dirs: list[Path], columns: int) -> str:
+    """A digest of what the text of ``r3l <args>`` depends on: the arguments, the terminal width, the
+    Python and ``CACHE_FINGERPRINT_PACKAGES`` versions, and the path, size and modification time of every
+    ``.py`` file under ``dirs``. Any edit or upgrade gives a new key (a fresh help text)."""
+    digest = hashlib.sha256()
+    digest.update(repr((args, columns, sys.version, sys.executable)).encode())
+    for package in CACHE_FINGERPRINT_PACKAGES:
+        try:
+            digest.update(f"{package}={metadata.version(package)}".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{package}=absent".encode())
+    for folder in dirs:
+        for path in sorted(folder.rglob("*.py")):
+            stat = path.stat()
+            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
+    """The cached text of ``r3l fit --help`` (or ``validate``), building and caching it on a miss by
+    running the real parser; None for any other arguments."""
+    if len(args) != 2 or args[0] not in LIGHTNING_COMMANDS or args[1] not in HELP_FLAGS:
+        return None
+    columns = shutil.get_terminal_size().columns
+    program = os.path.basename(sys.argv[0])  # the parser's "usage: <program> fit" line
+    path = cache_dir() / f"help-{args[0]}-{help_cache_key([program, *args], source_dirs(), columns)}.txt"
+    if path.is_file():
+        return path.read_text()
+    from r3lightning.cli import main as lightning_main
+
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        try:
+            lightning_main(None if from_command_line else args)
+        except SystemExit as done:
+            if done.code not in (0, None):
+                raise
+    text = captured.getvalue()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text)
+        partial.replace(path)
+    except OSError:
+        pass  # an unwritable cache only means the next help is built again
+    return text
+
+
+def main(args: Optional[list[str]] = None) -> None:
+    """Entry point of the ``r3l`` script (``r3lightning.cli.main`` does the work of every command)."""
+    # LightningCLI reads sys.argv itself; given the same arguments explicitly, it warns.
+    from_command_line = args is None
+    args = list(sys.argv[1:] if args is None else args)
+    if not args or args[0] in HELP_FLAGS:
+        print(top_level_help(), end="", file=sys.stdout if args else sys.stderr)
+        raise SystemExit(0 if args else 2)
+    if args[0] in REFUSED_COMMANDS:
+        print(f"r3l: error: 'r3l {args[0]}' is not a command of r3l; {REFUSED_COMMANDS[args[0]]}", file=sys.stderr)
+        raise SystemExit(2)
+    text = cached_help(args, from_command_line)
+    if text is not None:
+        print(text, end="")
+        return
+    from r3lightning.cli import main as lightning_main
+
+    lightning_main(None if from_command_line else args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The ``r3l`` script (``r3lightning.console``): the command list, the refusal of LightningCLI's
+``test``/``predict`` and a cached ``r3l fit --help`` come without importing Lightning or torch; the
+help opens with r3lightning's own sections; Trainer flags that manual optimization ignores are refused
+with the key to use."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from harness import TINY_CLI_RUN
+
+from r3lightning import console
+
+def run_console(args, cache, timeout=300):
+    """``r3lightning.console.main(args)`` in a fresh interpreter; its last stderr line is the exit status
+    followed by the heavy packages it imported."""
+    code = f"""
+import sys
+from r3lightning.console import main
+try:
+    main({args!r})
+    code = 0
+except SystemExit as done:
+    code = done.code
+print(code, *[m for m in ("lightning", "torch", "transformers") if m in sys.modules], file=sys.stderr)
+"""
+    env = {**os.environ, "R3L_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "COLUMNS": "100"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    return done, done.stderr.strip().splitlines()[-1]
+
+
+def test_the_command_list_names_every_command_and_imports_nothing_heavy(tmp_path):
+    done, status = run_console(["--help"], tmp_path)
+    assert status == "0", done.stderr  # exit status 0, no lightning/torch/transformers imported
+    for name in ("fit", "validate", "export", "gnt-pool", "reflect-sft"):
+        assert f"\n  {name} " in done.stdout
+    assert "test" not in done.stdout.split("commands:")[1] and "predict" not in done.stdout
+
+
+def test_the_console_and_the_lightning_cli_agree_on_the_commands():
+    from r3lightning.cli import R3LightningCLI
+
+    assert set(R3LightningCLI.subcommands()) == set(console.LIGHTNING_COMMANDS)
+    assert set(console.LIGHTNING_COMMANDS) < set(console.COMMANDS)
+    assert not set(console.REFUSED_COMMANDS) & set(console.COMMANDS)
+
+
+@pytest.mark.parametrize("command, instead", [("test", "r3l validate --ckpt_path"), ("predict", "r3l export")])
+def test_test_and_predict_are_refused_in_one_line(command, instead, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        console.main([command, "--config", "x.yaml"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"r3l: error: 'r3l {command}' is not a command of r3l") and instead in lines[0]
+
+
+def test_fit_help_is_built_once_then_served_from_the_cache_without_lightning(tmp_path):
+    first, status = run_console(["fit", "--help"], tmp_path)
+    assert status.startswith("0 "), first.stderr  # built by the real parser: Lightning imported
+    again, status = run_console(["fit", "--help"], tmp_path)
+    assert status == "0", again.stderr  # served from the cache: nothing heavy imported
+    assert again.stdout == first.stdout and len(list(tmp_path.glob("help-fit-*.txt"))) == 1
+    text = first.stdout
+    # r3lightning's own sections come before the Trainer's flags.
+    assert text.index("\n  --model.") < text.index("\n  --data.") < text.index("\n  --trainer.")
+
+
+def test_the_help_cache_key_follows_the_sources_and_the_arguments(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    key = console.help_cache_key(["r3l", "fit", "--help"], [tmp_path], 100)
+    assert key == console.help_cache_key(["r3l", "fit", "--help"], [tmp_path], 100)
+    assert key != console.help_cache_key(["r3l", "validate", "--help"], [tmp_path], 100)
+    assert key != console.help_cache_key(["r3l", "fit", "--help"], [tmp_path], 80)
+    (tmp_path / "a.py").write_text("x = 22\n")
+    assert key != console.help_cache_key(["r3l", "fit", "--help"], [tmp_path], 100)
+
+
+@pytest.mark.parametrize(
+    "flag, value, instead",
+    [("gradient_clip_val", "1.0", "model.optim.grad_clip"), ("accumulate_grad_batches", "4", "model.optim.micro_batch_size")],
+)
+def test_trainer_flags_that_do_nothing_here_are_refused_with_the_key_to_use(flag, value, instead, tmp_path, monkeypatch, capsys):
+    from r3lightning.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(copy.deepcopy(TINY_CLI_RUN)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["r3l", "fit", "--config", str(path), f"--trainer.{flag}", value])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"r3l: error: trainer.{flag} (") and "does nothing in r3lightning" in error, error
+    assert instead in error

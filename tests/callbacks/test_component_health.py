@@ -74,14 +74,16 @@ def test_a_short_run_is_judged_at_its_end_and_steps_before_rl_do_not_count():
         feed(callback, [{"replay/injected": 0.0}] * 2, replay=ReplayConfig(enabled=True))
 
 
-def test_answers_refused_by_format_stop_a_strict_run():
+def test_answers_refused_by_format_are_refused_at_setup_or_stop_a_strict_run():
     """A math suite with the tag action format: every answer "Invalid action format", reward 0, as a new
-    user saw with an own JSONL (the run itself, tiny settings)."""
-    module, dm = module_and_data(MathSuite(source="arithmetic", num_val_tasks=2, instruction=""),
-                                 agent=AgentLoopConfig(action_format="tag", max_context_tokens=128))
-    trainer = quiet_trainer(3, callbacks=[ComponentHealth(after_steps=2, strict=True)])
-    with pytest.raises(InertComponentError, match=r"action parser \('tag'\) is degenerate: rollout/invalid_action_rate = 1 .*data.agent.action_format"):
-        trainer.fit(module, dm)
+    user saw with an own JSONL. The suite's declared answer format refuses it before step 0; a format that
+    still refuses nearly every action at run time (a suite that declares none) stops a strict run."""
+    with pytest.raises(ValueError, match=r"data.agent.action_format is 'tag' but data.suite \(MathSuite\) answers in 'raw'"):
+        module_and_data(MathSuite(source="arithmetic", num_val_tasks=2, instruction=""),
+                        agent=AgentLoopConfig(action_format="tag", max_context_tokens=128))
+    steps = [{"rollout/invalid_action_rate": 1.0}, {"rollout/invalid_action_rate": 0.97}]
+    with pytest.raises(InertComponentError, match=r"action parser \('raw'\) is degenerate: rollout/invalid_action_rate = 0.985 .*data.agent.action_format"):
+        feed(ComponentHealth(after_steps=2, strict=True), steps)
 
 
 def test_in_context_reflection_in_a_run_without_failure_streaks_warns():

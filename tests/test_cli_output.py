@@ -63,7 +63,7 @@ def test_bad_input_is_one_error_line_and_a_hint(tmp_path, monkeypatch, capsys):
         main()
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2, done.stderr
+    assert len(lines) == 2, lines
     assert lines[0].startswith("r3l: error: Parser key \"config\": File does not exist:") and "missing.yaml" in lines[0]
     assert lines[1] == "  (r3l fit --help lists the accepted keys)"
 

@@ -28,6 +28,8 @@ RECORDED_FIGURES = (
     "rollout/generated_tokens",
     "rollout/response_len",
     "rollout/pivot_late_share",
+    "rollout/pivot_accuracy",
+    "rollout/pivot_offset",
     "rollout/retry_tokens_saved_share",
     "rollout/replay_failures",
     "rollout/success_judgment_samples",

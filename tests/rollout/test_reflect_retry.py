@@ -4,7 +4,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scripted_engine import ScriptedEngine, expert_action
+from scripted_engine import ScriptedEngine, expert_action, scripted_arithmetic, world_player
 
 from r3lightning.data.collate import collate_experience
 from r3lightning.rollout.explorers import ExplorationSpec
@@ -193,6 +193,7 @@ def test_suite_reflector_uses_the_diagnostician_and_teaches_its_reflections(worl
         diagnosis = world_suite.diagnose(task, base.actions, [t.feedback for t in base.turns])
         assert json.loads(base.info["reflection"]) == diagnosis and base.info["reflection_error"] == ""
         assert base.pivot == distilled.pivot == diagnosis["retry_from_step"] == 1
+        assert out.metrics["rollout/pivot_accuracy"] == 1.0 and out.metrics["rollout/pivot_offset"] == 0.0
         assert distilled.success and not base.success
         assert out.metrics["rollout/retry_improvement_rate"] == 1.0
         # The retry improved, so a reflect sample teaches the diagnostician's reflection on this episode.
@@ -295,3 +296,64 @@ def test_scripted_reflection_samples_teach_success_judgments_on_clean_episodes(w
     ]
     mixed = outcomes(scripted_reflection_samples(loop, reflector, tasks, random.Random(0), success_share=0.5))
     assert 0 < mixed.count("success") < len(tasks)
+
+
+def test_correct_success_judgments_become_reflect_samples(world_suite, world_tokenizer):
+    """A reflection that says ``success`` of a full success is trained (``rollout/success_judgment_samples``);
+    one that says it of a failure, or any with the option off, is not."""
+    solved, failed = world_suite.train_task(0), world_suite.train_task(1)
+    judged_success = json.dumps({**VALID, "trajectory_outcome": "success", "retry_from_step": 0})
+    reply = world_player(world_suite, [solved, failed], [judged_success], solved_on_base=[0])
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, reply), world_tokenizer)
+    out = ReflectRetryExplorer().explore([solved, failed], loop, ExplorationSpec(4, SamplingParams()))
+    assert [t.success for t in out.groups[0]] == [True, True] and [t.success for t in out.groups[1]] == [False, False]
+    assert out.metrics["rollout/success_judgment_samples"] == 2.0  # the two solved episodes, not the two failed ones
+    judged = [s for s in out.sft if s.origin == "reflect_sft"]
+    assert len(judged) == 2 and all(s.task_id == solved.task_id and s.reward == 1.0 for s in judged)
+    assert world_tokenizer.decode(judged[0].turns[0].response_ids, skip_special_tokens=True) == judged_success
+    off = ReflectRetryExplorer(train_success_judgments=False).explore([solved, failed], loop, ExplorationSpec(4, SamplingParams()))
+    assert off.metrics["rollout/success_judgment_samples"] == 0.0 and off.sft == []
+
+
+def test_pivot_accuracy_against_the_diagnostician_on_failures(world_suite, world_tokenizer):
+    """``rollout/pivot_accuracy``: valid reflections on failed episodes whose pivot is the diagnostician's;
+    ``rollout/pivot_offset``: their pivot minus the diagnostician's, mean. Successes and invalid
+    reflections are not counted."""
+    tasks = looks, first_then_looks, solved, unreadable = [world_suite.train_task(i) for i in range(4)]
+    plans = {t.prompt.split("\n")[0]: world_suite.demonstration(t) for t in tasks}
+
+    def reply(text):
+        if "Review this attempt" in text:
+            if unreadable.prompt.split("\n")[0] in text:
+                return "not json"  # an invalid reflection is not counted
+            return json.dumps({**VALID, "retry_from_step": 1})
+        goal = next(g for g in plans if g in text)
+        plan = plans[goal]
+        if goal == solved.prompt.split("\n")[0]:
+            return expert_action(plan, text)
+        if goal == first_then_looks.prompt.split("\n")[0] and f"<action>{plan[0]}</action>" not in text:
+            return f"<action>{plan[0]}</action>"
+        return "<action>look</action>"
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, reply), world_tokenizer)
+    out = ReflectRetryExplorer().explore(tasks, loop, ExplorationSpec(4, SamplingParams()))
+    assert out.metrics["rollout/reflection_invalid_rate"] == 0.25
+    for task, pivot in ((looks, 0), (first_then_looks, 1)):
+        base = [t for t in out.groups[tasks.index(task)] if t.origin == "base"]
+        assert all(world_suite.diagnose(task, b.actions)["retry_from_step"] == pivot for b in base)
+    # Failures: 2 "look" episodes (diagnosed 0, reflected 1) and 2 "first action, then look" (diagnosed
+    # 1, reflected 1); the solved task's 2 episodes are successes, the unreadable task's 2 reflections invalid.
+    assert out.metrics["rollout/pivot_accuracy"] == 0.5
+    assert out.metrics["rollout/pivot_offset"] == 0.5
+
+
+def test_pivot_accuracy_is_not_logged_without_a_diagnostician_or_a_judged_failure(world_suite, world_tokenizer):
+    suite, loop = scripted_arithmetic(json.dumps({**VALID, "retry_from_step": 0}))
+    out = ReflectRetryExplorer(step_split="off").explore([suite.train_task(0)], loop, ExplorationSpec(2, SamplingParams()))
+    assert out.metrics["rollout/retry_rate"] == 1.0
+    assert "rollout/pivot_accuracy" not in out.metrics and "rollout/pivot_offset" not in out.metrics
+    # Only successes: nothing to check.
+    task = world_suite.train_task(0)
+    loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, json.dumps(VALID), world_suite.demonstration(task)), world_tokenizer)
+    out = ReflectRetryExplorer().explore([task], loop, ExplorationSpec(2, SamplingParams()))
+    assert "rollout/pivot_accuracy" not in out.metrics

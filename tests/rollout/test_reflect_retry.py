@@ -357,3 +357,24 @@ def test_pivot_accuracy_is_not_logged_without_a_diagnostician_or_a_judged_failur
     loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, json.dumps(VALID), world_suite.demonstration(task)), world_tokenizer)
     out = ReflectRetryExplorer().explore([task], loop, ExplorationSpec(2, SamplingParams()))
     assert "rollout/pivot_accuracy" not in out.metrics
+
+
+def test_scripted_reflection_samples_show_the_reflectors_transcript(world_suite, world_tokenizer):
+    """The warm-start teaches reflections on the transcript the RL reflector will read: a warm-start whose
+    explorer reflects on full transcripts (r3l_reference's) shows system prompt, observations and responses."""
+    import random
+
+    from r3lightning.rollout.warmstart import scripted_reflection_samples
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
+    tasks = [world_suite.train_task(i) for i in range(4)]
+
+    def prompts(style):
+        reflector = ReflectRetryExplorer(reflection_transcript=style).reflector
+        samples = scripted_reflection_samples(loop, reflector, tasks, random.Random(0))
+        return [world_tokenizer.decode(s.turns[0].context_ids) for s in samples if s.origin == "reflect_sft"]
+
+    full, compact = prompts("full"), prompts("compact")
+    assert len(full) == len(compact) == len(tasks)
+    assert all("System: " in p and "Response 0: <action>" in p for p in full)
+    assert not any("Response 0:" in p for p in compact)

@@ -33,6 +33,7 @@ RECORDED_FIGURES = (
     "rollout/retry_tokens_saved_share",
     "rollout/replay_failures",
     "rollout/success_judgment_samples",
+    "rollout/meta_task_samples",
     "train/zero_variance_group_rate",
     "train/zero_variance_group_rate_before_replay",
     "replay/rescued_group_rate",

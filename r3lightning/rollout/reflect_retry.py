@@ -199,6 +199,7 @@ class ReflectRetryExplorer:
             metrics.update(pivot_agreement(loop.suite, base_tasks, base, reflections.parsed))
         metrics["rollout/replay_failures"] = float(sum(r.end_reason == "replay_failed" for r in retries))
         metrics["rollout/success_judgment_samples"] = float(len(judged))
+        metrics["rollout/meta_task_samples"] = float(len(sft) - len(judged))
         metrics["rollout/refill_rate"] = sum(len(r) for r in refills) / (len(tasks) * spec.group_size)
         return Exploration(groups=groups, sft=sft, metrics=metrics)
 

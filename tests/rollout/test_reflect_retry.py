@@ -156,6 +156,7 @@ def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
     assert out.metrics["rollout/retry_improvement_rate"] == 1.0
     origins = sorted(t.origin for t in out.sft)
     assert origins == ["reflect_sft", "retry_sft"]
+    assert out.metrics["rollout/meta_task_samples"] == 2.0
     retry_sample = next(t for t in out.sft if t.origin == "retry_sft")
     assert "do it right" in world_tokenizer.decode(retry_sample.token_ids())  # trained under the guidance
     batch = collate_experience(out.sft, [0.0, 0.0], world_tokenizer.pad_token_id)
@@ -308,6 +309,7 @@ def test_correct_success_judgments_become_reflect_samples(world_suite, world_tok
     out = ReflectRetryExplorer().explore([solved, failed], loop, ExplorationSpec(4, SamplingParams()))
     assert [t.success for t in out.groups[0]] == [True, True] and [t.success for t in out.groups[1]] == [False, False]
     assert out.metrics["rollout/success_judgment_samples"] == 2.0  # the two solved episodes, not the two failed ones
+    assert out.metrics["rollout/meta_task_samples"] == 0.0  # "look" retries never improve: no reflect/retry pair
     judged = [s for s in out.sft if s.origin == "reflect_sft"]
     assert len(judged) == 2 and all(s.task_id == solved.task_id and s.reward == 1.0 for s in judged)
     assert world_tokenizer.decode(judged[0].turns[0].response_ids, skip_special_tokens=True) == judged_success

@@ -380,3 +380,35 @@ def test_scripted_reflection_samples_show_the_reflectors_transcript(world_suite,
     assert len(full) == len(compact) == len(tasks)
     assert all("System: " in p and "Response 0: <action>" in p for p in full)
     assert not any("Response 0:" in p for p in compact)
+
+
+def test_oracle_reflector_points_at_the_hidden_object_and_its_guidance_is_enough(make_world_suite):
+    """r3l_oracle at difficulty 2: a policy that tries to take an object hidden in a closed container
+    gets the diagnostician's pivot (that first step), its cause (the closed container) and the action to
+    take instead; a retry that follows the suggested action, then the expert, improves on its base."""
+    import re
+
+    from harness import suite_tokenizer
+
+    suite = make_world_suite(difficulty=2, max_turns=6)
+    tokenizer = suite_tokenizer(suite, num_tasks=16)
+    task = next(t for t in (suite.train_task(i) for i in range(64)) if suite.demonstration(t)[0].startswith("open"))
+    plan = suite.demonstration(task)
+    take = next(a for a in plan if a.startswith("take"))
+
+    def reply(text):
+        suggested = re.findall(r"do '([^']+)' instead", text)
+        if suggested and f"<action>{suggested[0]}</action>" not in text:
+            return f"<action>{suggested[0]}</action>"  # the guidance's action first, then the expert's
+        return expert_action(plan, text) if suggested else f"<action>{take}</action>"
+
+    loop = AgentLoop(suite, ScriptedEngine(tokenizer, reply), tokenizer)
+    out = ReflectRetryExplorer(reflector="suite").explore([task], loop, ExplorationSpec(2, SamplingParams()))
+    base, distilled = out.groups[0].trajectories
+    reflection = json.loads(base.info["reflection"])
+    container = plan[0].split()[1]
+    assert reflection["retry_from_step"] == 0 and reflection["trajectory_outcome"] == "failure"
+    assert f"is in the closed {container}" in reflection["root_cause_analysis"]
+    assert reflection["improvement_suggestion"].startswith(f"At step 0, do '{plan[0]}' instead of '{take}'")
+    assert not base.success and distilled.success and distilled.actions == plan
+    assert out.metrics["rollout/retry_improvement_rate"] == 1.0 and out.metrics["rollout/pivot_accuracy"] == 1.0

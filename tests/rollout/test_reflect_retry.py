@@ -412,3 +412,37 @@ def test_oracle_reflector_points_at_the_hidden_object_and_its_guidance_is_enough
     assert reflection["improvement_suggestion"].startswith(f"At step 0, do '{plan[0]}' instead of '{take}'")
     assert not base.success and distilled.success and distilled.actions == plan
     assert out.metrics["rollout/retry_improvement_rate"] == 1.0 and out.metrics["rollout/pivot_accuracy"] == 1.0
+
+
+def test_pivot_agreement_and_the_clamped_diagnosis_on_hand_built_episodes(world_suite):
+    """``pivot_agreement`` on trajectories built by hand: only valid reflections on failures without a
+    reward error count; an episode whose every action was optimal but ran out of turns is diagnosed at
+    its last turn (``diagnosis_of``), where the raw diagnostician says one past it."""
+    from r3lightning.rollout.reflect_retry import pivot_agreement
+    from r3lightning.rollout.reflection import Reflection, diagnosis_of
+    from r3lightning.types import Trajectory, Turn
+
+    task = world_suite.train_task(0)
+    plan = world_suite.demonstration(task)
+
+    def episode(actions, success=False, reward_error=False):
+        turns = [Turn([1], [2], action=a, feedback="") for a in actions]
+        return Trajectory(task.task_id, turns, float(success), success, reward_error=reward_error)
+
+    def said(k):
+        return Reflection("s", "r", "failure", "i", k), ""
+
+    wrong_first = episode(["look"] + plan[:1] + ["look", "look"])  # diagnosed 0
+    stopped_short = episode(plan[:1])  # every action optimal, one short of the goal
+    assert world_suite.diagnose(task, stopped_short.actions)["retry_from_step"] == 1
+    assert diagnosis_of(world_suite, task, stopped_short)["retry_from_step"] == 0
+    cases = [
+        (wrong_first, said(0)),  # right
+        (wrong_first, said(2)),  # 2 too late
+        (stopped_short, said(0)),  # right, at the clamped pivot
+        (episode(plan, success=True), said(1)),  # a success: not counted
+        (wrong_first, (None, "no_json")),  # invalid: not counted
+        (episode(["look"] * 4, reward_error=True), said(3)),  # unsound reward: not counted
+    ]
+    figures = pivot_agreement(world_suite, [task] * len(cases), [t for t, _ in cases], [p for _, p in cases])
+    assert figures == {"rollout/pivot_accuracy": 2 / 3, "rollout/pivot_offset": 2 / 3}

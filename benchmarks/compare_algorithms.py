@@ -40,7 +40,7 @@ DEFAULT_METHODS = (
     "grpo", "r3l", "r3l_reference", "reflect_grpo", "critique_grpo", "r3l_wo_reflect", "r3l_wo_credit", "r3l_wo_positive",
 )
 # The arms whose objective uses positive amplification's alpha (``--alpha`` overrides theirs).
-AMPLIFIED = ("r3l", "r3l_reference", "r3l_wo_reflect", "r3l_wo_credit")
+AMPLIFIED = ("r3l", "r3l_oracle", "r3l_reference", "r3l_wo_reflect", "r3l_wo_credit")
 
 
 def _fit(overrides: list[str]):
@@ -77,7 +77,9 @@ def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, 
 
         saved = torch.load(path, weights_only=False, map_location="cpu")
         return path, {**saved["callbacks"]["PhaseReport"]["records"][-1], "reused": True}
-    cli, report = _fit(_common(args, seed, log_dir, f"warmstart_seed{seed}", args.warmup_steps))
+    # The warm-start's own overrides (e.g. a reflector that reads full transcripts, for r3l_reference).
+    own = [arg for override in args.warmstart_override for arg in key_value_args(override)]
+    cli, report = _fit([*_common(args, seed, log_dir, f"warmstart_seed{seed}", args.warmup_steps), *own])
     cli.trainer.save_checkpoint(path)
     return path, {**report.records[-1], "wall_s": time.perf_counter() - start}
 
@@ -120,6 +122,9 @@ def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: ar
         "wall_s": time.perf_counter() - start,
     }
 
+
+PER_SEED_FIGURES = ("rollout/retry_improvement_rate", "rollout/pivot_accuracy", "rollout/success_judgment_samples")
+"""RL-phase means printed per seed in the summary figures (where the arm logs them)."""
 
 LAST_STEPS_FIGURES = (
     "rollout/rejected_action_rate", "rollout/response_len_generated", "train/zero_variance_group_rate",
@@ -185,6 +190,10 @@ def main() -> None:
     parser.add_argument("--shared_warmstart", action="store_true",
                         help="train one warm-start (the first seed's) and start every seed's RL runs from it: "
                              "seeds then vary only the RL phase (sampling, task order stays the recipe's)")
+    parser.add_argument("--warmstart_override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of the warm-start only (repeatable), e.g. "
+                             "data.explorer.init_args.reflection_transcript=full: its scripted reflections then "
+                             "show the reflector's full transcripts (r3l_reference's); use its own --out folder")
     parser.add_argument("--reuse_warmstart", action="store_true",
                         help="use warm-start checkpoints already in the log directory instead of training them")
     parser.add_argument("--reuse_results", nargs="+", default=[],
@@ -237,6 +246,11 @@ def main() -> None:
             figures[f"{method}_last3_val_success_{kind}_mean"] = statistics.mean(run[f"last3_mean_{kind}"] for run in runs.values())
         figures[f"{method}_wall_s_mean"] = statistics.mean(run["wall_s"] for run in runs.values())
         figures[f"{method}_generated_tokens_mean"] = statistics.mean(run.get("generated_tokens", 0.0) for run in runs.values())
+        # The retry channel per seed (R³L arms): retries that beat their base, and pivots on the diagnostician's.
+        for tag in PER_SEED_FIGURES:
+            per_seed = {seed: run["rl_rollout_means"][tag] for seed, run in runs.items() if tag in run["rl_rollout_means"]}
+            if per_seed:
+                figures[f"{method}_{tag.split('/')[-1]}_per_seed"] = per_seed
     record = {
         "benchmark": "compare_algorithms",
         "figures": figures,
@@ -266,13 +280,20 @@ def parse_arm(spec: str) -> tuple[str, list[str]]:
         )
     arm = ["--config", f"configs/algorithms/{preset}.yaml"] if is_preset else []
     for override in overrides:
-        key, _, value = override.partition("=")
-        arm += [f"--{key}", value]
+        arm += key_value_args(override)
     return name, arm
 
 
+def key_value_args(override: str) -> list[str]:
+    """``KEY=VALUE`` -> ``["--KEY", "VALUE"]``."""
+    key, _, value = override.partition("=")
+    return [f"--{key}", value]
+
+
 # What makes two comparisons' runs interchangeable: the same warm-start and the same RL schedule.
-SCHEDULE_KEYS = ("recipe", "warmup_steps", "rl_steps", "val_every", "alpha", "shared_warmstart")
+SCHEDULE_KEYS = ("recipe", "warmup_steps", "rl_steps", "val_every", "alpha", "shared_warmstart", "warmstart_override")
+# Keys that results written before they existed lack, and the value those results ran with.
+SCHEDULE_DEFAULTS = {"warmstart_override": []}
 
 
 def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, dict]]:
@@ -282,8 +303,9 @@ def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, di
     """
     previous = json.loads(Path(path).read_text())
     for key in SCHEDULE_KEYS:
-        if previous["config"].get(key) != getattr(args, key):
-            raise ValueError(f"{path}: its runs used {key}={previous['config'].get(key)!r}, this comparison "
+        theirs = previous["config"].get(key, SCHEDULE_DEFAULTS.get(key))
+        if theirs != getattr(args, key):
+            raise ValueError(f"{path}: its runs used {key}={theirs!r}, this comparison "
                              f"{key}={getattr(args, key)!r}; they cannot be mixed")
     return {
         method: {str(seed): previous["per_seed"][method][str(seed)]

@@ -396,8 +396,13 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
     previous = tmp_path / "previous.json"
     previous.write_text(json.dumps({"config": {**schedule, "workers": 2},
                                     "per_seed": {"grpo": {"0": {"final_greedy": 0.25}, "1": {"final_greedy": 0.5}}}}))
-    args = argparse.Namespace(**schedule, methods=["grpo", "r3l_wo_credit"], seeds=[1, 2])
+    # Written before --warmstart_override existed: those runs had none.
+    args = argparse.Namespace(**schedule, warmstart_override=[], methods=["grpo", "r3l_wo_credit"], seeds=[1, 2])
     assert compare.reusable_runs(str(previous), args) == {"grpo": {"1": {"final_greedy": 0.5}}, "r3l_wo_credit": {}}
+    args.warmstart_override = ["data.demos.success_reflection_share=0.25"]
+    with pytest.raises(ValueError, match=r"previous\.json: its runs used warmstart_override=\[\]"):
+        compare.reusable_runs(str(previous), args)
+    args.warmstart_override = []
     args.rl_steps = 40
     with pytest.raises(ValueError, match=r"previous\.json: its runs used rl_steps=30"):
         compare.reusable_runs(str(previous), args)
@@ -424,11 +429,15 @@ def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(recipe))
+    # --warmstart_override reaches the warm-start only.
     args = argparse.Namespace(recipe=str(path), warmup_steps=1, rl_steps=1, val_every=1, alpha=None, threads=0,
-                              reuse_warmstart=False)
+                              reuse_warmstart=False, warmstart_override=["model.optim.sft_lr=0.0123"])
     checkpoint, warm = compare.warm_start(0, args, str(tmp_path))
     assert warm["step"] == 1
+    warm_config = yaml.safe_load((tmp_path / "warmstart_seed0" / "version_0" / "config.yaml").read_text())
+    assert warm_config["model"]["optim"]["sft_lr"] == 0.0123
     result = compare.run_method("rloo", compare.METHODS["rloo"], 0, checkpoint, args, str(tmp_path))
     assert [step for step, _ in result["curve_greedy"]] == [1, 2]
     saved = yaml.safe_load((tmp_path / "rloo_seed0" / "version_0" / "config.yaml").read_text())
     assert saved["model"]["algorithm"]["advantage"] == "rloo"
+    assert saved["model"]["optim"]["sft_lr"] != 0.0123

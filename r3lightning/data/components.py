@@ -89,7 +89,11 @@ def component_checks(
                 "R³L success judgments", f"data.explorer ({name}).train_success_judgments",
                 "rollout/success_judgment_samples",
             ))
-        if explorer.meta_tasks and algorithm.sft_weight > 0:
+        if explorer.meta_tasks and algorithm.meta_tasks_as == "positive_samples":
+            checks.append(ComponentCheck(
+                "R³L meta-tasks as +1 RL samples", "model.algorithm.meta_tasks_as", "rollout/meta_task_samples"
+            ))
+        elif explorer.meta_tasks and algorithm.sft_weight > 0:
             checks.append(ComponentCheck("R³L meta-task SFT", f"data.explorer ({name}).meta_tasks", "activity/sft_rows"))
     if isinstance(explorer, ReflectFromScratchExplorer):
         reflections = Degeneracy("rollout/reflection_invalid_rate", 0.95, "mean", True,

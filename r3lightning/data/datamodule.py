@@ -93,7 +93,9 @@ class DemoConfig:
             expert without a mistake, whose reflection judges ``success`` (no retry). Every other
             reflection sample has an injected mistake, so at 0 the policy never learns to call an
             episode a success: R³L then retries every episode and ``train_success_judgments`` has
-            nothing to train (docs/r3l.md).
+            nothing to train. It also changes when a tiny policy learns to act on the goal during the
+            warm-start; the difficulty-2 recipe uses 0.25 (docs/r3l.md, "Success judgments in the
+            warm-start").
     """
 
     source: str = "suite"

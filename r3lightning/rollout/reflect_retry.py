@@ -22,7 +22,7 @@ from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget, sample_groups
-from r3lightning.rollout.reflection import Reflection, Reflector, load_template
+from r3lightning.rollout.reflection import Reflection, Reflector, diagnosis_of, load_template
 from r3lightning.rollout.steps import split_final_turn
 from r3lightning.rollout.warmstart import reflection_corpus
 from r3lightning.types import Group, Trajectory, Turn
@@ -195,8 +195,11 @@ class ReflectRetryExplorer:
                     members.append(distilled_by_base[i])
             groups.append(Group(task.task_id, members + refills[ti], task))
         metrics = r3l_metrics(base, reflections.parsed, retry_of, pivots, improved)
+        if not step_level:
+            metrics.update(pivot_agreement(loop.suite, base_tasks, base, reflections.parsed))
         metrics["rollout/replay_failures"] = float(sum(r.end_reason == "replay_failed" for r in retries))
         metrics["rollout/success_judgment_samples"] = float(len(judged))
+        metrics["rollout/meta_task_samples"] = float(len(sft) - len(judged))
         metrics["rollout/refill_rate"] = sum(len(r) for r in refills) / (len(tasks) * spec.group_size)
         return Exploration(groups=groups, sft=sft, metrics=metrics)
 
@@ -263,6 +266,28 @@ def reflect_sample(trajectory: Trajectory, prompt: list[int], reflection_ids: li
         success=True,
         origin="reflect_sft",
     )
+
+
+def pivot_agreement(suite, tasks: list[Task], base: list[Trajectory], parsed) -> dict[str, float]:
+    """How the valid reflections on failed episodes place their pivot against the suite's diagnostician
+    (``reflection.diagnosis_of``): ``rollout/pivot_accuracy``, the share that names its pivot, and
+    ``rollout/pivot_offset``, their pivot minus its pivot, mean (> 0: too late, the faulty turn is
+    replayed and masked). Empty when the suite has no diagnostician or no such reflection exists
+    (the tags then have a gap at this step)."""
+    offsets = []
+    for trajectory, task, (reflection, _) in zip(base, tasks, parsed):
+        if reflection is None or trajectory.success or trajectory.reward_error:
+            continue
+        diagnosis = diagnosis_of(suite, task, trajectory)
+        if diagnosis is None:
+            return {}
+        offsets.append(reflection.retry_from_step - diagnosis["retry_from_step"])
+    if not offsets:
+        return {}
+    return {
+        "rollout/pivot_accuracy": sum(offset == 0 for offset in offsets) / len(offsets),
+        "rollout/pivot_offset": sum(offsets) / len(offsets),
+    }
 
 
 def r3l_metrics(base, parsed, retry_of: list[int], pivots: list[int], improved: int) -> dict[str, float]:

@@ -152,11 +152,26 @@ def outcome_text(trajectory: Trajectory) -> str:
     return f"{state} after {len(trajectory.turns)} steps with reward {trajectory.reward:g}"
 
 
+def diagnosis_of(suite, task: Task, trajectory: Trajectory) -> Optional[dict[str, Any]]:
+    """The suite diagnostician's reflection on a played trajectory, or None when the suite has none.
+
+    Its ``retry_from_step`` is clamped to the trajectory's last turn: a failure whose every action was
+    on a shortest path (it ran out of turns) is diagnosed after its last action, where no retry can
+    start, so the reflection that the warm-start teaches, the ``suite`` reflector writes and
+    ``rollout/pivot_accuracy`` checks against all name the last turn instead."""
+    diagnosis = suite.diagnose(task, trajectory.actions, [turn.feedback for turn in trajectory.turns])
+    if diagnosis is None:
+        return None
+    last = max(len(trajectory.turns) - 1, 0)
+    return {**diagnosis, "retry_from_step": min(int(diagnosis["retry_from_step"]), last)}
+
+
 def scripted_reflections(suite, trajectories: list[Trajectory], tasks: list[Task]) -> list[str]:
-    """The suite diagnostician's reflection (JSON text) on each played trajectory of the matching task."""
+    """The suite diagnostician's reflection (JSON text, ``diagnosis_of``) on each played trajectory of
+    the matching task."""
     texts = []
     for trajectory, task in zip(trajectories, tasks):
-        diagnosis = suite.diagnose(task, trajectory.actions, [turn.feedback for turn in trajectory.turns])
+        diagnosis = diagnosis_of(suite, task, trajectory)
         if diagnosis is None:
             raise ValueError(
                 f"reflector 'suite': {type(suite).__name__} has no diagnostician (diagnose returned None for "

@@ -15,7 +15,7 @@ from typing import Optional
 from r3lightning.envs.base import Task, TaskSuite
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.env_calls import EnvCallError, SuiteCalls
-from r3lightning.rollout.reflection import Reflector, standalone_prompts, target_tokens
+from r3lightning.rollout.reflection import Reflector, diagnosis_of, standalone_prompts, target_tokens
 from r3lightning.types import Trajectory, Turn
 
 
@@ -81,11 +81,10 @@ def scripted_reflection_samples(
     played = loop.play_actions([EpisodeRequest(task=t) for t in tasks], played_actions, allow_unfinished=True)
     retry_requests, retry_actions = [], []
     for task, traj in zip(tasks, played):
-        diagnosis = suite.diagnose(task, traj.actions, [t.feedback for t in traj.turns])
+        diagnosis = diagnosis_of(suite, task, traj)
         if diagnosis is None:
             continue
-        k = min(int(diagnosis["retry_from_step"]), len(traj.turns) - 1)
-        diagnosis = {**diagnosis, "retry_from_step": k}
+        k = diagnosis["retry_from_step"]
         [prompt] = standalone_prompts(loop, [reflector.prompt(traj, loop)])
         [answer] = target_tokens(loop.tokenizer, [json.dumps(diagnosis)])
         samples.append(Trajectory(task.task_id, [Turn(context_ids=prompt, response_ids=answer)], 1.0, True, origin="reflect_sft"))

@@ -93,3 +93,20 @@ def test_in_context_reflection_in_a_run_without_failure_streaks_warns():
     health = ComponentHealth(after_steps=2)
     with pytest.warns(UserWarning, match="R³ in-context reflection is switched on but inert"):
         quiet_trainer(2, callbacks=[health]).fit(module, dm)
+
+
+def test_meta_tasks_as_positive_samples_that_never_come_are_named_and_the_idle_sft_head_is_not():
+    """Meta-tasks trained as +1 RL samples (the reference code's reading) are judged on the samples the
+    explorer made (``rollout/meta_task_samples``), not on SFT rows, which that reading never has."""
+    pooled = AlgorithmConfig(meta_tasks_as="positive_samples", sft_weight=0.0)
+    explorer = ReflectRetryExplorer(train_success_judgments=False)
+    busy = {"rollout/retry_rate": 0.9, "rollout/reflection_invalid_rate": 0.2, "activity/sft_rows": 0.0}
+    feed(ComponentHealth(after_steps=2, strict=True), [{**busy, "rollout/meta_task_samples": 2.0}] * 2,
+         explorer=explorer, algorithm=pooled)
+    with pytest.raises(InertComponentError, match=r"R³L meta-tasks as \+1 RL samples .* rollout/meta_task_samples was 0 .*meta_tasks_as"):
+        feed(ComponentHealth(after_steps=2, strict=True), [{**busy, "rollout/meta_task_samples": 0.0}] * 2,
+             explorer=explorer, algorithm=pooled)
+    # With the SFT head, its rows are what must be seen.
+    with pytest.raises(InertComponentError, match=r"R³L meta-task SFT .* activity/sft_rows was 0"):
+        feed(ComponentHealth(after_steps=2, strict=True), [{**busy, "rollout/meta_task_samples": 2.0}] * 2,
+             explorer=explorer, algorithm=AlgorithmConfig(sft_weight=1.0))

@@ -4,7 +4,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scripted_engine import ScriptedEngine, expert_action
+from scripted_engine import ScriptedEngine, expert_action, scripted_arithmetic, world_player
 
 from r3lightning.data.collate import collate_experience
 from r3lightning.rollout.explorers import ExplorationSpec
@@ -156,6 +156,7 @@ def test_improving_retry_yields_meta_tasks(world_suite, world_tokenizer):
     assert out.metrics["rollout/retry_improvement_rate"] == 1.0
     origins = sorted(t.origin for t in out.sft)
     assert origins == ["reflect_sft", "retry_sft"]
+    assert out.metrics["rollout/meta_task_samples"] == 2.0
     retry_sample = next(t for t in out.sft if t.origin == "retry_sft")
     assert "do it right" in world_tokenizer.decode(retry_sample.token_ids())  # trained under the guidance
     batch = collate_experience(out.sft, [0.0, 0.0], world_tokenizer.pad_token_id)
@@ -193,6 +194,7 @@ def test_suite_reflector_uses_the_diagnostician_and_teaches_its_reflections(worl
         diagnosis = world_suite.diagnose(task, base.actions, [t.feedback for t in base.turns])
         assert json.loads(base.info["reflection"]) == diagnosis and base.info["reflection_error"] == ""
         assert base.pivot == distilled.pivot == diagnosis["retry_from_step"] == 1
+        assert out.metrics["rollout/pivot_accuracy"] == 1.0 and out.metrics["rollout/pivot_offset"] == 0.0
         assert distilled.success and not base.success
         assert out.metrics["rollout/retry_improvement_rate"] == 1.0
         # The retry improved, so a reflect sample teaches the diagnostician's reflection on this episode.
@@ -295,3 +297,152 @@ def test_scripted_reflection_samples_teach_success_judgments_on_clean_episodes(w
     ]
     mixed = outcomes(scripted_reflection_samples(loop, reflector, tasks, random.Random(0), success_share=0.5))
     assert 0 < mixed.count("success") < len(tasks)
+
+
+def test_correct_success_judgments_become_reflect_samples(world_suite, world_tokenizer):
+    """A reflection that says ``success`` of a full success is trained (``rollout/success_judgment_samples``);
+    one that says it of a failure, or any with the option off, is not."""
+    solved, failed = world_suite.train_task(0), world_suite.train_task(1)
+    judged_success = json.dumps({**VALID, "trajectory_outcome": "success", "retry_from_step": 0})
+    reply = world_player(world_suite, [solved, failed], [judged_success], solved_on_base=[0])
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, reply), world_tokenizer)
+    out = ReflectRetryExplorer().explore([solved, failed], loop, ExplorationSpec(4, SamplingParams()))
+    assert [t.success for t in out.groups[0]] == [True, True] and [t.success for t in out.groups[1]] == [False, False]
+    assert out.metrics["rollout/success_judgment_samples"] == 2.0  # the two solved episodes, not the two failed ones
+    assert out.metrics["rollout/meta_task_samples"] == 0.0  # "look" retries never improve: no reflect/retry pair
+    judged = [s for s in out.sft if s.origin == "reflect_sft"]
+    assert len(judged) == 2 and all(s.task_id == solved.task_id and s.reward == 1.0 for s in judged)
+    assert world_tokenizer.decode(judged[0].turns[0].response_ids, skip_special_tokens=True) == judged_success
+    off = ReflectRetryExplorer(train_success_judgments=False).explore([solved, failed], loop, ExplorationSpec(4, SamplingParams()))
+    assert off.metrics["rollout/success_judgment_samples"] == 0.0 and off.sft == []
+
+
+def test_pivot_accuracy_against_the_diagnostician_on_failures(world_suite, world_tokenizer):
+    """``rollout/pivot_accuracy``: valid reflections on failed episodes whose pivot is the diagnostician's;
+    ``rollout/pivot_offset``: their pivot minus the diagnostician's, mean. Successes and invalid
+    reflections are not counted."""
+    tasks = looks, first_then_looks, solved, unreadable = [world_suite.train_task(i) for i in range(4)]
+    plans = {t.prompt.split("\n")[0]: world_suite.demonstration(t) for t in tasks}
+
+    def reply(text):
+        if "Review this attempt" in text:
+            if unreadable.prompt.split("\n")[0] in text:
+                return "not json"  # an invalid reflection is not counted
+            return json.dumps({**VALID, "retry_from_step": 1})
+        goal = next(g for g in plans if g in text)
+        plan = plans[goal]
+        if goal == solved.prompt.split("\n")[0]:
+            return expert_action(plan, text)
+        if goal == first_then_looks.prompt.split("\n")[0] and f"<action>{plan[0]}</action>" not in text:
+            return f"<action>{plan[0]}</action>"
+        return "<action>look</action>"
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, reply), world_tokenizer)
+    out = ReflectRetryExplorer().explore(tasks, loop, ExplorationSpec(4, SamplingParams()))
+    assert out.metrics["rollout/reflection_invalid_rate"] == 0.25
+    for task, pivot in ((looks, 0), (first_then_looks, 1)):
+        base = [t for t in out.groups[tasks.index(task)] if t.origin == "base"]
+        assert all(world_suite.diagnose(task, b.actions)["retry_from_step"] == pivot for b in base)
+    # Failures: 2 "look" episodes (diagnosed 0, reflected 1) and 2 "first action, then look" (diagnosed
+    # 1, reflected 1); the solved task's 2 episodes are successes, the unreadable task's 2 reflections invalid.
+    assert out.metrics["rollout/pivot_accuracy"] == 0.5
+    assert out.metrics["rollout/pivot_offset"] == 0.5
+
+
+def test_pivot_accuracy_is_not_logged_without_a_diagnostician_or_a_judged_failure(world_suite, world_tokenizer):
+    suite, loop = scripted_arithmetic(json.dumps({**VALID, "retry_from_step": 0}))
+    out = ReflectRetryExplorer(step_split="off").explore([suite.train_task(0)], loop, ExplorationSpec(2, SamplingParams()))
+    assert out.metrics["rollout/retry_rate"] == 1.0
+    assert "rollout/pivot_accuracy" not in out.metrics and "rollout/pivot_offset" not in out.metrics
+    # Only successes: nothing to check.
+    task = world_suite.train_task(0)
+    loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, json.dumps(VALID), world_suite.demonstration(task)), world_tokenizer)
+    out = ReflectRetryExplorer().explore([task], loop, ExplorationSpec(2, SamplingParams()))
+    assert "rollout/pivot_accuracy" not in out.metrics
+
+
+def test_scripted_reflection_samples_show_the_reflectors_transcript(world_suite, world_tokenizer):
+    """The warm-start teaches reflections on the transcript the RL reflector will read: a warm-start whose
+    explorer reflects on full transcripts (r3l_reference's) shows system prompt, observations and responses."""
+    import random
+
+    from r3lightning.rollout.warmstart import scripted_reflection_samples
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
+    tasks = [world_suite.train_task(i) for i in range(4)]
+
+    def prompts(style):
+        reflector = ReflectRetryExplorer(reflection_transcript=style).reflector
+        samples = scripted_reflection_samples(loop, reflector, tasks, random.Random(0))
+        return [world_tokenizer.decode(s.turns[0].context_ids) for s in samples if s.origin == "reflect_sft"]
+
+    full, compact = prompts("full"), prompts("compact")
+    assert len(full) == len(compact) == len(tasks)
+    assert all("System: " in p and "Response 0: <action>" in p for p in full)
+    assert not any("Response 0:" in p for p in compact)
+
+
+def test_oracle_reflector_points_at_the_hidden_object_and_its_guidance_is_enough(make_world_suite):
+    """r3l_oracle at difficulty 2: a policy that tries to take an object hidden in a closed container
+    gets the diagnostician's pivot (that first step), its cause (the closed container) and the action to
+    take instead; a retry that follows the suggested action, then the expert, improves on its base."""
+    import re
+
+    from harness import suite_tokenizer
+
+    suite = make_world_suite(difficulty=2, max_turns=6)
+    tokenizer = suite_tokenizer(suite, num_tasks=16)
+    task = next(t for t in (suite.train_task(i) for i in range(64)) if suite.demonstration(t)[0].startswith("open"))
+    plan = suite.demonstration(task)
+    take = next(a for a in plan if a.startswith("take"))
+
+    def reply(text):
+        suggested = re.findall(r"do '([^']+)' instead", text)
+        if suggested and f"<action>{suggested[0]}</action>" not in text:
+            return f"<action>{suggested[0]}</action>"  # the guidance's action first, then the expert's
+        return expert_action(plan, text) if suggested else f"<action>{take}</action>"
+
+    loop = AgentLoop(suite, ScriptedEngine(tokenizer, reply), tokenizer)
+    out = ReflectRetryExplorer(reflector="suite").explore([task], loop, ExplorationSpec(2, SamplingParams()))
+    base, distilled = out.groups[0].trajectories
+    reflection = json.loads(base.info["reflection"])
+    container = plan[0].split()[1]
+    assert reflection["retry_from_step"] == 0 and reflection["trajectory_outcome"] == "failure"
+    assert f"is in the closed {container}" in reflection["root_cause_analysis"]
+    assert reflection["improvement_suggestion"].startswith(f"At step 0, do '{plan[0]}' instead of '{take}'")
+    assert not base.success and distilled.success and distilled.actions == plan
+    assert out.metrics["rollout/retry_improvement_rate"] == 1.0 and out.metrics["rollout/pivot_accuracy"] == 1.0
+
+
+def test_pivot_agreement_and_the_clamped_diagnosis_on_hand_built_episodes(world_suite):
+    """``pivot_agreement`` on trajectories built by hand: only valid reflections on failures without a
+    reward error count; an episode whose every action was optimal but ran out of turns is diagnosed at
+    its last turn (``diagnosis_of``), where the raw diagnostician says one past it."""
+    from r3lightning.rollout.reflect_retry import pivot_agreement
+    from r3lightning.rollout.reflection import Reflection, diagnosis_of
+    from r3lightning.types import Trajectory, Turn
+
+    task = world_suite.train_task(0)
+    plan = world_suite.demonstration(task)
+
+    def episode(actions, success=False, reward_error=False):
+        turns = [Turn([1], [2], action=a, feedback="") for a in actions]
+        return Trajectory(task.task_id, turns, float(success), success, reward_error=reward_error)
+
+    def said(k):
+        return Reflection("s", "r", "failure", "i", k), ""
+
+    wrong_first = episode(["look"] + plan[:1] + ["look", "look"])  # diagnosed 0
+    stopped_short = episode(plan[:1])  # every action optimal, one short of the goal
+    assert world_suite.diagnose(task, stopped_short.actions)["retry_from_step"] == 1
+    assert diagnosis_of(world_suite, task, stopped_short)["retry_from_step"] == 0
+    cases = [
+        (wrong_first, said(0)),  # right
+        (wrong_first, said(2)),  # 2 too late
+        (stopped_short, said(0)),  # right, at the clamped pivot
+        (episode(plan, success=True), said(1)),  # a success: not counted
+        (wrong_first, (None, "no_json")),  # invalid: not counted
+        (episode(["look"] * 4, reward_error=True), said(3)),  # unsound reward: not counted
+    ]
+    figures = pivot_agreement(world_suite, [task] * len(cases), [t for t, _ in cases], [p for _, p in cases])
+    assert figures == {"rollout/pivot_accuracy": 2 / 3, "rollout/pivot_offset": 2 / 3}

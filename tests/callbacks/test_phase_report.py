@@ -26,8 +26,9 @@ def test_summary_names_warmup_and_final_and_averages_rl_retry_figures(tmp_path, 
     module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=10))
     report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
     for step, rate in ((11, 0.5), (12, 0.0), (13, 0.25)):
-        trainer = _trainer(tmp_path, step, {"rollout/retry_improvement_rate": rate, "train/loss": 1.0})
-        report.on_train_batch_end(trainer, module, None, None, 0)
+        # The step's own scalars come from the module (``callback_metrics`` keeps stale values).
+        module.last_step_metrics = {"rollout/retry_improvement_rate": rate, "train/loss": 1.0}
+        report.on_train_batch_end(_trainer(tmp_path, step, {}), module, None, None, 0)
     report.on_validation_end(_trainer(tmp_path, 20, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
 
     resumed = PhaseReport()
@@ -76,7 +77,8 @@ def test_fit_end_plots_progress_and_says_where_the_files_are(tmp_path, capsys):
     module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=2))
     _validate(report, tmp_path, 2, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}, module)
     for step, reward in ((3, 0.1), (4, 0.3)):
-        report.on_train_batch_end(_trainer(tmp_path, step, {"reward/mean": reward}), module, None, None, 0)
+        module.last_step_metrics = {"reward/mean": reward}
+        report.on_train_batch_end(_trainer(tmp_path, step, {}), module, None, None, 0)
     _validate(report, tmp_path, 4, {"val/success_rate_greedy": 0.5, "val/success_rate": 0.25, "val/pass@4": 0.75}, module)
 
     resumed = PhaseReport()

@@ -148,6 +148,15 @@ class ReflectiveSuite(TaskSuite):
     def num_train_gnt(self) -> int:
         return len(self._load())
 
+    def teacher_prompts(self) -> dict[str, str]:
+        """Context distillation's teacher prompts: the direct prompt (str) of every training question
+        with a training GNT -> its reflective prompt (str) with the first of those GNTs in pool order.
+        Validation GNTs are never used (the validation questions stay unseen)."""
+        prompts: dict[str, str] = {}
+        for row in self._load():
+            prompts.setdefault(row["prompt"], reflective_prompt(row["prompt"], row["response"], self.template))
+        return prompts
+
     # ---- tasks --------------------------------------------------------------------------------
     def is_direct(self, index: int) -> bool:
         """Whether training task ``index`` is direct (pure function of the index and the config)."""

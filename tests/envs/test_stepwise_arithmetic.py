@@ -48,3 +48,23 @@ def test_the_critic_names_the_wrong_step_of_a_stepwise_answer():
     assert critique.correction == f"{first}; {second}"
     assert critique.answer == task.answer
     assert suite.demonstration(task) == [f"{task.data['solution']}\n\\boxed{{{task.answer}}}"]
+
+
+def test_the_reflectrl_recipe_never_trains_on_a_validation_question():
+    """The CPU recipe's pool answers training tasks 0..511 (and the validation tasks, for reflective
+    validation only): no validation question is among them, nor among the RL tasks of stage 2."""
+    from pathlib import Path
+
+    import yaml
+
+    from r3lightning.data.reflectrl_tools import build_suite, direct_suite
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
+    spec = yaml.safe_load(recipe.read_text())["data"]["suite"]
+    spec["init_args"]["pool"] = "unused.jsonl"  # read only when tasks are drawn from the pool
+    suite = direct_suite(build_suite(spec))
+    val = {t.data["question"] for t in suite.val_tasks()}
+    assert len(val) == 128
+    stage2 = range(240 * 16, 320 * 16)  # switch step x tasks_per_step .. max_steps x tasks_per_step
+    train = {suite.train_task(i).data["question"] for i in [*range(512), *stage2]}
+    assert len(train) > 1000 and not train & val

@@ -68,3 +68,16 @@ def test_suite_settings_are_checked(pool_path, tmp_path):
     bad.write_text(json.dumps({"label": "gnt"}) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl, row 1: not a GNT pool row"):
         ReflectiveSuite(arithmetic_suite(), str(bad)).train_task(0)
+
+
+def test_teacher_prompts_hold_training_gnts_only(pool_path):
+    """Context distillation's teacher prompts: each training question with a GNT -> its reflective prompt;
+    the validation questions' GNTs (shown in reflective validation) never become a teacher's context."""
+    suite = ReflectiveSuite(arithmetic_suite(), pool_path)
+    rows = [json.loads(line) for line in open(pool_path)]
+    train_gnt = [r for r in rows if r["label"] == "gnt" and r["split"] == "train"]
+    prompts = suite.teacher_prompts()
+    assert set(prompts) == {r["prompt"] for r in train_gnt}
+    first = train_gnt[0]
+    assert prompts[first["prompt"]] == reflective_prompt(first["prompt"], first["response"])
+    assert not set(prompts) & {t.prompt for t in suite.val_tasks()}

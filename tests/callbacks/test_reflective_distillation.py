@@ -48,9 +48,9 @@ def files(tmp_path_factory):
     return SimpleNamespace(root=root, pool=str(root / "pool.jsonl"), sft=str(root / "sft.jsonl"))
 
 
-def make(files, sft_steps=2, algorithm=None, seed=3):
+def make(files, sft_steps=2, algorithm=None, seed=3, direct_tasks="pool"):
     module, dm = module_and_data(
-        ReflectiveSuite(DigitSuite(), files.pool), sft_steps=sft_steps, lr=1e-2, seed=seed,
+        ReflectiveSuite(DigitSuite(), files.pool, direct_tasks=direct_tasks), sft_steps=sft_steps, lr=1e-2, seed=seed,
         algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
     )
     dm.demos = DemoConfig(source=files.sft, tasks_per_step=4)
@@ -148,7 +148,7 @@ def test_the_default_teacher_sees_the_gnt_so_its_kl_is_not_zero_at_the_switch(fi
     """Context distillation: at the first stage-2 step the student's weights are the teacher's, yet the
     teacher scores the answers with the question's GNT in its context, so there is something to distill.
     (The anchor teacher of the old code scored them in the student's context: exactly zero here.)"""
-    module, dm = make(files, sft_steps=2)
+    module, dm = make(files, sft_steps=2, direct_tasks="suite")  # questions without a GNT too
     probe = Probe()
     callback = ReflectiveToDirectDistillation(beta=0.5)
     assert callback.teacher == "context_distillation"
@@ -169,6 +169,11 @@ def test_the_default_teacher_sees_the_gnt_so_its_kl_is_not_zero_at_the_switch(fi
     expected = sum(1 for i in range(2 * dm.tasks_per_step, 3 * dm.tasks_per_step) if suite.suite.train_task(i).prompt in with_gnt)
     assert probe.steps[2]["context_rate"] == pytest.approx(expected / dm.tasks_per_step)
     assert asked - with_gnt == {"Say a number above 6."}
+    # Stage-2 questions from the pool (the default): every one has a GNT.
+    module, dm = make(files, sft_steps=1)
+    probe = Probe()
+    fit(module, dm, 2, [ReflectiveToDirectDistillation(beta=0.5), probe])
+    assert probe.steps[1]["context_rate"] == 1.0 and probe.steps[1]["kl"] > 1e-4
 
 
 def test_seed_literal_restarts_the_student_from_its_first_weights(files):

@@ -52,7 +52,7 @@ def test_the_critic_names_the_wrong_step_of_a_stepwise_answer():
 
 def test_the_reflectrl_recipe_never_trains_on_a_validation_question():
     """The CPU recipe's pool answers training tasks 0..511 (and the validation tasks, for reflective
-    validation only): no validation question is among them, nor among the RL tasks of stage 2."""
+    validation only): no validation question is among them (stage 2 asks the pool's training questions)."""
     from pathlib import Path
 
     import yaml
@@ -65,6 +65,5 @@ def test_the_reflectrl_recipe_never_trains_on_a_validation_question():
     suite = direct_suite(build_suite(spec))
     val = {t.data["question"] for t in suite.val_tasks()}
     assert len(val) == 128
-    stage2 = range(240 * 16, 320 * 16)  # switch step x tasks_per_step .. max_steps x tasks_per_step
-    train = {suite.train_task(i).data["question"] for i in [*range(512), *stage2]}
-    assert len(train) > 1000 and not train & val
+    train = {suite.train_task(i).data["question"] for i in range(512)}
+    assert len(train) > 400 and not train & val

@@ -9,13 +9,15 @@ benchmarks/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once per
 - ``reflectrl_oracle``: the same with the oracle critic (``--critic oracle``, knows the derivation);
 - ``gtplus``: SFT on the GT+ answers only (``--no_reflective``);
 - ``reflectrl_equal``: ``reflectrl``'s file for more steps, so that every GT+ row is seen as often as in
-  ``gtplus`` (stage 1 of ``240 x rows / GT+ rows`` steps, rounded up to the validation interval).
+  ``gtplus`` (stage 1 of ``240 x rows / GT+ rows`` steps, rounded up to the validation interval);
+- ``gtplus_equal_steps``: ``gtplus``'s file for as many steps as ``reflectrl_equal`` (its compute).
 
 Stage 2 (``ARMS``: stage 1, teacher-KL weight beta, the callback's ``teacher``): ``reflectrl`` (beta
 0.05, the context-distillation teacher: the stage-1 policy with a GNT of the question in its context);
 ``reflectrl_beta{0,0.01,0.2}`` (the beta sweep); ``reflectrl_anchor`` (the old teacher: the stage-1
 policy in the student's direct context); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
-teacher); ``gtplus_anchor`` (GT+ only with the same KL weight, anchored to its own stage-1 policy).
+teacher); ``gtplus_anchor`` (GT+ only with the same KL weight, anchored to its own stage-1 policy);
+``gtplus_equal_steps`` (no teacher).
 
 Recorded per run: validation success after stage 1 (reflective with the GNT in context, and direct:
 the teacher's own figures, since the teacher is the stage-1 policy) and after stage 2 (the student,
@@ -53,7 +55,8 @@ from machine_info import machine_info  # noqa: E402
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
 OBJECTIVES = {"grpo": [], "rloo": ["--config", str(ROOT / "configs" / "algorithms" / "rloo.yaml")]}
 SFT_FILES = {"reflectrl": ["--critic", "resolve"], "reflectrl_oracle": ["--critic", "oracle"], "gtplus": ["--no_reflective"]}
-STAGE_ONE = {"reflectrl": "reflectrl", "reflectrl_oracle": "reflectrl_oracle", "gtplus": "gtplus", "reflectrl_equal": "reflectrl"}
+STAGE_ONE = {"reflectrl": "reflectrl", "reflectrl_oracle": "reflectrl_oracle", "gtplus": "gtplus", "reflectrl_equal": "reflectrl",
+             "gtplus_equal_steps": "gtplus"}
 """Stage-1 pipeline -> the SFT file it trains on."""
 ARMS = {
     "reflectrl": ("reflectrl", 0.05, "context_distillation"),
@@ -65,6 +68,7 @@ ARMS = {
     "reflectrl_equal": ("reflectrl_equal", 0.05, "context_distillation"),
     "gtplus": ("gtplus", 0.0, "anchor"),
     "gtplus_anchor": ("gtplus", 0.05, "anchor"),
+    "gtplus_equal_steps": ("gtplus_equal_steps", 0.0, "anchor"),
 }
 """Stage-2 arm -> (stage-1 pipeline, beta, teacher)."""
 RL_STEPS = 80
@@ -85,9 +89,10 @@ class DistillTrace(L.Callback):
 
 
 def sft_warmup_steps(pipeline: str, summaries: dict[str, dict], base: int, interval: int) -> int:
-    """Stage-1 steps of ``pipeline``: ``base``, or for ``reflectrl_equal`` enough steps that each GT+ row is
-    drawn as often as in ``gtplus`` (``base x rows / GT+ rows``), rounded up to a multiple of ``interval``."""
-    if pipeline != "reflectrl_equal":
+    """Stage-1 steps of ``pipeline``: ``base``, or for ``reflectrl_equal`` (and ``gtplus_equal_steps``) enough
+    steps that each GT+ row of ``reflectrl``'s file is drawn as often as in ``gtplus`` (``base x rows / GT+
+    rows``), rounded up to a multiple of ``interval``."""
+    if pipeline not in ("reflectrl_equal", "gtplus_equal_steps"):
         return base
     rows = summaries["reflectrl"]["reflect_sft/rows"] / summaries["reflectrl"]["reflect_sft/gt_plus_rows"]
     return int(math.ceil(base * rows / interval) * interval)

@@ -1,29 +1,39 @@
-"""ReflectRL vs the "GT+ only" pipeline, from one expert pool, at equal steps, with GRPO and with RLOO.
+"""ReflectRL against "GT+ only" and its controls, from one expert pool, at equal RL steps (issue 34).
 
-Both pipelines run configs/examples/reflectrl_arithmetic_cpu.yaml's schedule (stage 1: SFT warm-start;
-stage 2: RL on direct prompts) on the same GNT pool (one expert, one pool: ``--pool``, e.g. the one
-benchmarks/reflectrl_example.py wrote):
+Every arm runs configs/examples/reflectrl_arithmetic_cpu.yaml's schedule (stage 1: SFT warm-start;
+stage 2: RL on direct prompts, 80 steps) on the same GNT pool (``--pool``, e.g. the one
+benchmarks/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once per seed, checkpointed):
 
-- ``reflectrl``: stage 1 = SFT on GT+ answers + verified scripted critiques of the GNTs (reflective
-  prompts); stage 2 = the RL objective + beta * KL(student || stage-1 teacher) (the example's beta).
-- ``gtplus``: stage 1 = SFT on the GT+ answers only (``r3l reflect-sft --no_reflective``); stage 2 = the
-  RL objective alone (the callback with beta 0: the data turns direct at the same step, no teacher).
+- ``reflectrl``: SFT on GT+ answers + verified critiques of the GNTs by a *non-oracle* critic
+  (``r3l reflect-sft --critic resolve``: the expert answers the question again);
+- ``reflectrl_oracle``: the same with the oracle critic (``--critic oracle``, knows the derivation);
+- ``gtplus``: SFT on the GT+ answers only (``--no_reflective``);
+- ``reflectrl_equal``: ``reflectrl``'s file for more steps, so that every GT+ row is seen as often as in
+  ``gtplus`` (stage 1 of ``240 x rows / GT+ rows`` steps, rounded up to the validation interval);
+- ``gtplus_equal_steps``: ``gtplus``'s file for as many steps as ``reflectrl_equal`` (its compute).
 
-Per seed: the SFT files are shuffled with the seed, each pipeline's stage 1 is trained once and
-checkpointed, and each objective (``grpo``: the example's; ``rloo``: + configs/algorithms/rloo.yaml)
-resumes from it for the same RL steps (``data.seed`` = the seed). ``--ablation_betas`` adds GRPO arms
-that start from ReflectRL's stage 1 with another teacher-KL weight (``reflectrl_beta0`` is ReflectRL
-without the distillation term). Recorded per run: validation success after stage 1 (reflective with
-the GNT in context, and direct) and after stage 2 (direct), greedy and sampled, and response lengths.
+Stage 2 (``ARMS``: stage 1, teacher-KL weight beta, the callback's ``teacher``): ``reflectrl`` (beta
+0.05, the context-distillation teacher: the stage-1 policy with a GNT of the question in its context);
+``reflectrl_beta{0,0.01,0.2}`` (the beta sweep); ``reflectrl_anchor`` (the old teacher: the stage-1
+policy in the student's direct context); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
+teacher); ``gtplus_anchor`` (GT+ only with the same KL weight, anchored to its own stage-1 policy);
+``gtplus_equal_steps`` (no teacher).
 
-    nice -n 19 python benchmarks/compare_reflectrl.py --pool runs/reflectrl_example/pool.jsonl \
-        --out benchmarks/results/compare_reflectrl.json --seeds 0 1 2
+Recorded per run: validation success after stage 1 (reflective with the GNT in context, and direct:
+the teacher's own figures, since the teacher is the stage-1 policy) and after stage 2 (the student,
+direct), greedy and sampled, response lengths, and the logged teacher figures (``distill/kl_teacher``
+at the first stage-2 step and over stage 2, ``distill/teacher_context_rate``). Validation questions
+are never training questions (the recipe's ``val_disjoint``).
+
+    nice -n 15 python benchmarks/compare_reflectrl.py --pool runs/reflectrl_example/pool.jsonl \
+        --out benchmarks/results/compare_reflectrl_controls.json --seeds 0 1 --objectives grpo --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -33,6 +43,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+import lightning as L
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,36 +54,77 @@ from machine_info import machine_info  # noqa: E402
 
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
 OBJECTIVES = {"grpo": [], "rloo": ["--config", str(ROOT / "configs" / "algorithms" / "rloo.yaml")]}
-PIPELINES = ("reflectrl", "gtplus")
+SFT_FILES = {"reflectrl": ["--critic", "resolve"], "reflectrl_oracle": ["--critic", "oracle"], "gtplus": ["--no_reflective"]}
+STAGE_ONE = {"reflectrl": "reflectrl", "reflectrl_oracle": "reflectrl_oracle", "gtplus": "gtplus", "reflectrl_equal": "reflectrl",
+             "gtplus_equal_steps": "gtplus"}
+"""Stage-1 pipeline -> the SFT file it trains on."""
+ARMS = {
+    "reflectrl": ("reflectrl", 0.05, "context_distillation"),
+    "reflectrl_beta0": ("reflectrl", 0.0, "context_distillation"),
+    "reflectrl_beta0.01": ("reflectrl", 0.01, "context_distillation"),
+    "reflectrl_beta0.2": ("reflectrl", 0.2, "context_distillation"),
+    "reflectrl_anchor": ("reflectrl", 0.05, "anchor"),
+    "reflectrl_oracle": ("reflectrl_oracle", 0.05, "context_distillation"),
+    "reflectrl_equal": ("reflectrl_equal", 0.05, "context_distillation"),
+    "gtplus": ("gtplus", 0.0, "anchor"),
+    "gtplus_anchor": ("gtplus", 0.05, "anchor"),
+    "gtplus_equal_steps": ("gtplus_equal_steps", 0.0, "anchor"),
+}
+"""Stage-2 arm -> (stage-1 pipeline, beta, teacher)."""
+RL_STEPS = 80
+TRACED = ("distill/kl_teacher", "distill/teacher_context_rate", "distill/teacher_param_distance")
 
 
-def student_config(args: argparse.Namespace, pipeline: str, sft: Path, logs: Path, name: str) -> dict:
+class DistillTrace(L.Callback):
+    """The teacher's per-step figures of stage 2 (``TRACED``), kept on the callback."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = trainer.callback_metrics
+        figures = {name: float(metrics[name]) for name in TRACED if name in metrics}
+        if figures and getattr(pl_module, "teacher", None) is not None:
+            self.steps.append({"step": trainer.global_step - 1, **figures})
+
+
+def sft_warmup_steps(pipeline: str, summaries: dict[str, dict], base: int, interval: int) -> int:
+    """Stage-1 steps of ``pipeline``: ``base``, or for ``reflectrl_equal`` (and ``gtplus_equal_steps``) enough
+    steps that each GT+ row of ``reflectrl``'s file is drawn as often as in ``gtplus`` (``base x rows / GT+
+    rows``), rounded up to a multiple of ``interval``."""
+    if pipeline not in ("reflectrl_equal", "gtplus_equal_steps"):
+        return base
+    rows = summaries["reflectrl"]["reflect_sft/rows"] / summaries["reflectrl"]["reflect_sft/gt_plus_rows"]
+    return int(math.ceil(base * rows / interval) * interval)
+
+
+def student_config(args: argparse.Namespace, sft: Path, logs: Path, name: str, steps: int, beta: float, teacher: str) -> dict:
     config = yaml.safe_load(STUDENT_YAML.read_text())
     config["trainer"]["logger"]["init_args"].update(save_dir=str(logs), name=name)
+    config["trainer"]["max_steps"] = steps + RL_STEPS
+    config["model"]["phases"]["sft_warmup_steps"] = steps
     config["data"]["suite"]["init_args"]["pool"] = str(Path(args.pool).resolve())
     config["data"]["demos"]["source"] = str(sft)
     [callback] = config["trainer"]["callbacks"]
-    if pipeline == "gtplus":
-        callback["init_args"]["beta"] = 0.0
-    elif args.beta is not None:
-        callback["init_args"]["beta"] = args.beta
+    callback["init_args"].update(beta=beta, teacher=teacher)
+    config["trainer"]["callbacks"].append({"class_path": "compare_reflectrl.DistillTrace"})
     return config
 
 
-def build_sft(args: argparse.Namespace, seed: int, work: Path) -> dict[str, Path]:
-    """The two stage-1 SFT files of ``seed`` (``reflectrl``: GT+ and critiques; ``gtplus``: GT+ only)."""
-    files = {}
-    for pipeline, extra in (("reflectrl", ["--critic", "scripted"]), ("gtplus", ["--no_reflective"])):
+def build_sft(args: argparse.Namespace, seed: int, work: Path) -> tuple[dict[str, Path], dict[str, dict]]:
+    """The stage-1 SFT files of ``seed`` (``SFT_FILES``) and their summaries."""
+    files, summaries = {}, {}
+    for pipeline, extra in SFT_FILES.items():
         out = work / f"sft_{pipeline}_seed{seed}.jsonl"
         files[pipeline] = out
-        if Path(f"{out}.summary.json").exists():
-            continue
-        subprocess.run(
-            [sys.executable, "-c", "from r3lightning.cli import main; main()", "reflect-sft", "--config", str(STUDENT_YAML),
-             "--pool", args.pool, "--out", str(out), "--seed", str(seed), *extra],
-            check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-    return files
+        if not Path(f"{out}.summary.json").exists():
+            subprocess.run(
+                [sys.executable, "-c", "from r3lightning.cli import main; main()", "reflect-sft", "--config", str(STUDENT_YAML),
+                 "--pool", args.pool, "--out", str(out), "--seed", str(seed), *extra],
+                check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
+        summaries[pipeline] = {k: v for k, v in json.loads(Path(f"{out}.summary.json").read_text()).items() if k != "config"}
+    return files, summaries
 
 
 def _fit(config_path: Path, extra: list[str]):
@@ -82,7 +134,8 @@ def _fit(config_path: Path, extra: list[str]):
     cli = R3LightningCLI(args=["fit", "--config", str(config_path), "--trainer.enable_progress_bar", "false", *extra])
     report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PhaseReport))
     distill = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ReflectiveToDirectDistillation))
-    return cli, report, distill
+    trace = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DistillTrace")
+    return cli, report, distill, trace
 
 
 def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
@@ -95,39 +148,47 @@ def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threa
     start = time.perf_counter()
     config = yaml.safe_load(Path(config_path).read_text())
     steps = config["model"]["phases"]["sft_warmup_steps"]
-    cli, _, distill = _fit(Path(config_path), ["--seed_everything", str(seed), "--data.seed", str(seed), "--trainer.max_steps", str(steps)])
+    cli, _, distill, _ = _fit(Path(config_path), ["--seed_everything", str(seed), "--data.seed", str(seed), "--trainer.max_steps", str(steps)])
     cli.trainer.save_checkpoint(checkpoint)
     result = {"records": distill.records, "wall_s": time.perf_counter() - start}
     Path(result_path).write_text(json.dumps(result))
     return result
 
 
-def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
+def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     start = time.perf_counter()
-    _, report, distill = _fit(
+    _, report, distill, trace = _fit(
         Path(config_path),
         ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], "--ckpt_path", checkpoint,
-         "--resume_with", "config"],  # each objective's own algorithm over the shared stage 1
+         "--resume_with", "config"],  # each arm's own algorithm and teacher over the shared stage 1
     )
-    if pipeline.startswith("reflectrl_beta"):
-        assert distill.beta == float(pipeline[len("reflectrl_beta"):]), "the ablation's beta did not apply"
+    _, beta, teacher = ARMS[arm]
+    assert (distill.beta, distill.teacher) == (beta, teacher), f"{arm}: the arm's beta/teacher did not apply"
     stage1 = [r for r in distill.records if r["stage"] == 1][-1]
     stage2 = [r for r in distill.records if r["stage"] == 2][-1]
     means = report.rollout_means()
+    kl = [s["distill/kl_teacher"] for s in trace.steps if "distill/kl_teacher" in s]
+    context = [s["distill/teacher_context_rate"] for s in trace.steps if "distill/teacher_context_rate" in s]
     result = {
-        "stage1_reflective_greedy": stage1["val/success_rate_greedy"],
-        "stage1_reflective_sampled": stage1["val/success_rate"],
-        "stage1_direct_greedy": stage1.get("val_direct/success_rate_greedy"),
-        "stage1_direct_sampled": stage1.get("val_direct/success_rate"),
-        "stage1_direct_response_len": stage1.get("val_direct/response_len"),
-        "final_direct_greedy": stage2["val/success_rate_greedy"],
-        "final_direct_sampled": stage2["val/success_rate"],
-        "final_direct_response_len_greedy": stage2.get("val/response_len_greedy"),
+        # The teacher is the stage-1 policy: these are its own figures (reflective: a GNT in context).
+        "teacher_reflective_greedy": stage1["val/success_rate_greedy"],
+        "teacher_reflective_sampled": stage1["val/success_rate"],
+        "teacher_direct_greedy": stage1.get("val_direct/success_rate_greedy"),
+        "teacher_direct_sampled": stage1.get("val_direct/success_rate"),
+        "teacher_direct_response_len": stage1.get("val_direct/response_len"),
+        "student_direct_greedy": stage2["val/success_rate_greedy"],
+        "student_direct_sampled": stage2["val/success_rate"],
+        "student_direct_response_len_greedy": stage2.get("val/response_len_greedy"),
         "rl_rollout_response_len_mean": means.get("rollout/response_len"),
+        "kl_teacher_first_step": kl[0] if kl else None,
+        "kl_teacher_mean": statistics.mean(kl) if kl else None,
+        "teacher_context_rate_mean": statistics.mean(context) if context else None,
+        "switch_step": distill.switched_at,
+        "teacher_trace": trace.steps,
         "records": distill.records,
         "wall_s": time.perf_counter() - start,
     }
@@ -135,29 +196,38 @@ def stage_two(pipeline: str, objective: str, seed: int, config_path: str, checkp
     return result
 
 
+SUMMARIZED = ("teacher_reflective_greedy", "teacher_direct_greedy", "student_direct_greedy", "student_direct_sampled",
+              "student_direct_response_len_greedy", "rl_rollout_response_len_mean", "kl_teacher_first_step",
+              "kl_teacher_mean", "teacher_context_rate_mean")
+
+
 def summarize(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
+    """Mean and std over seeds of ``SUMMARIZED`` per arm, and each arm's paired difference to ``gtplus``
+    (same objective, same seeds) in student direct greedy success."""
     figures = {}
-    keys = ("stage1_reflective_greedy", "stage1_direct_greedy", "final_direct_greedy", "final_direct_sampled",
-            "final_direct_response_len_greedy", "rl_rollout_response_len_mean")
     for arm, seeds in runs.items():
-        for key in keys:
+        for key in SUMMARIZED:
             values = [run[key] for run in seeds.values() if run.get(key) is not None]
             if values:
                 figures[f"{arm}/{key}_mean"] = statistics.mean(values)
                 figures[f"{arm}/{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        objective = arm.rsplit("_", 1)[1]
+        baseline = runs.get(f"gtplus_{objective}", {})
+        paired = [run["student_direct_greedy"] - baseline[s]["student_direct_greedy"] for s, run in seeds.items() if s in baseline]
+        if paired and not arm.startswith("gtplus_" + objective):
+            figures[f"{arm}/minus_gtplus_mean"] = statistics.mean(paired)
+            figures[f"{arm}/minus_gtplus_se"] = statistics.stdev(paired) / math.sqrt(len(paired)) if len(paired) > 1 else float("nan")
     return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pool", required=True, help="the GNT pool every seed and pipeline shares (r3l gnt-pool --out)")
-    parser.add_argument("--out", default="benchmarks/results/compare_reflectrl.json")
+    parser.add_argument("--pool", required=True, help="the GNT pool every seed and arm shares (r3l gnt-pool --out)")
+    parser.add_argument("--out", default="benchmarks/results/compare_reflectrl_controls.json")
     parser.add_argument("--work", default="runs/compare_reflectrl", help="configs, SFT files, checkpoints and logs")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(range(10)), help="seeds (issue 34 asks for 10; a quick look: 2-3)")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
-    parser.add_argument("--beta", type=float, default=None, help="ReflectRL's teacher-KL weight (default: the example's)")
-    parser.add_argument("--ablation_betas", nargs="*", type=float, default=[],
-                        help="extra GRPO arms from ReflectRL's stage 1 with these teacher-KL weights (0: no distillation)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="stage-2 arms (default: all)")
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel (separate processes)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
     args = parser.parse_args()
@@ -166,14 +236,20 @@ def main() -> None:
     logs = work / "logs"
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    configs, checkpoints, stage1 = {}, {}, {}
+    base = yaml.safe_load(STUDENT_YAML.read_text())
+    base_steps, interval = base["model"]["phases"]["sft_warmup_steps"], base["trainer"]["val_check_interval"]
+    pipelines = sorted({ARMS[arm][0] for arm in args.arms})
+    configs, checkpoints, stage1, summaries = {}, {}, {}, {}
     for seed in args.seeds:
-        sft = build_sft(args, seed, work)
-        for pipeline in PIPELINES:
-            path = work / f"{pipeline}_seed{seed}.yaml"
-            path.write_text(yaml.safe_dump(student_config(args, pipeline, sft[pipeline], logs, f"{pipeline}_seed{seed}"), sort_keys=False))
-            configs[pipeline, seed] = str(path)
-            checkpoints[pipeline, seed] = str(work / f"{pipeline}_seed{seed}_stage1.ckpt")
+        sft, summaries[seed] = build_sft(args, seed, work)
+        for pipeline in pipelines:
+            steps = sft_warmup_steps(pipeline, summaries[seed], base_steps, interval)
+            name = f"{pipeline}_seed{seed}"
+            path = work / f"{name}.yaml"
+            config = student_config(args, sft[STAGE_ONE[pipeline]], logs, name, steps, 0.0, "anchor")
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            configs[pipeline, seed] = (str(path), steps)
+            checkpoints[pipeline, seed] = str(work / f"{name}_stage1.ckpt")
     context = multiprocessing.get_context("spawn")
     # Finished runs are kept in <work>/results/ and not run again, so an interrupted comparison resumes.
     done_dir = work / "results"
@@ -184,56 +260,63 @@ def main() -> None:
             stage1[key] = json.loads(path.read_text())
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
         futures = {
-            pool.submit(stage_one, p, s, configs[p, s], checkpoints[p, s], args.threads, str(done_dir / f"stage1_{p}_seed{s}.json")): (p, s)
+            pool.submit(stage_one, p, s, configs[p, s][0], checkpoints[p, s], args.threads, str(done_dir / f"stage1_{p}_seed{s}.json")): (p, s)
             for p, s in configs if (p, s) not in stage1
         }
         for future in as_completed(futures):
             p, s = futures[future]
             stage1[p, s] = future.result()
             print(f"stage 1 {p} seed {s}: {json.dumps(stage1[p, s]['records'][-1:])}", flush=True)
-    jobs = [(p, o, s, configs[p, s], checkpoints[p, s]) for s in args.seeds for o in args.objectives for p in PIPELINES]
-    for beta in args.ablation_betas:
-        name = f"reflectrl_beta{beta:g}"
-        for seed in args.seeds:
-            config = yaml.safe_load(Path(configs["reflectrl", seed]).read_text())
-            config["trainer"]["callbacks"][0]["init_args"]["beta"] = beta
-            config["trainer"]["logger"]["init_args"]["name"] = f"{name}_seed{seed}"
-            path = work / f"{name}_seed{seed}.yaml"
-            path.write_text(yaml.safe_dump(config, sort_keys=False))
-            jobs.append((name, "grpo", seed, str(path), checkpoints["reflectrl", seed]))
-    runs: dict[str, dict[str, dict]] = {f"{p}_{o}": {} for p, o, *_ in jobs}
-    for p, o, s, *_ in jobs:
-        path = done_dir / f"{p}_{o}_seed{s}.json"
+    jobs = []
+    for seed in args.seeds:
+        for objective in args.objectives:
+            for arm in args.arms:
+                pipeline, beta, teacher = ARMS[arm]
+                name = f"{arm}_{objective}_seed{seed}"
+                config = student_config(args, sft_file(work, pipeline, seed), logs, name, configs[pipeline, seed][1], beta, teacher)
+                path = work / f"{name}.yaml"
+                path.write_text(yaml.safe_dump(config, sort_keys=False))
+                jobs.append((arm, objective, seed, str(path), checkpoints[pipeline, seed]))
+    runs: dict[str, dict[str, dict]] = {f"{a}_{o}": {} for a, o, *_ in jobs}
+    for a, o, s, *_ in jobs:
+        path = done_dir / f"{a}_{o}_seed{s}.json"
         if path.exists():
-            runs[f"{p}_{o}"][str(s)] = json.loads(path.read_text())
+            runs[f"{a}_{o}"][str(s)] = json.loads(path.read_text())
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
         futures = {
-            pool.submit(stage_two, p, o, s, config, checkpoint, args.threads, str(done_dir / f"{p}_{o}_seed{s}.json")): (p, o, s)
-            for p, o, s, config, checkpoint in jobs if str(s) not in runs[f"{p}_{o}"]
+            pool.submit(stage_two, a, o, s, config, checkpoint, args.threads, str(done_dir / f"{a}_{o}_seed{s}.json")): (a, o, s)
+            for a, o, s, config, checkpoint in jobs if str(s) not in runs[f"{a}_{o}"]
         }
         for future in as_completed(futures):
-            p, o, s = futures[future]
-            runs[f"{p}_{o}"][str(s)] = future.result()
-            result = {k: v for k, v in runs[f"{p}_{o}"][str(s)].items() if k != "records"}
-            print(f"seed {s} {p}_{o}: {json.dumps(result)}", flush=True)
-    for arm, seeds in runs.items():
-        base = "reflectrl" if arm.startswith("reflectrl") else "gtplus"
+            a, o, s = futures[future]
+            runs[f"{a}_{o}"][str(s)] = future.result()
+            result = {k: v for k, v in runs[f"{a}_{o}"][str(s)].items() if k not in ("records", "teacher_trace")}
+            print(f"seed {s} {a}_{o}: {json.dumps(result)}", flush=True)
+    for key, seeds in runs.items():
+        pipeline = ARMS[key.rsplit("_", 1)[0]][0]
         for seed, run in seeds.items():
-            run["stage1_wall_s"] = stage1[base, int(seed)]["wall_s"]
+            run["stage1_wall_s"] = stage1[pipeline, int(seed)]["wall_s"]
+            run["stage1_steps"] = configs[pipeline, int(seed)][1]
     runs = {arm: dict(sorted(seeds.items())) for arm, seeds in runs.items()}
     record = {
-        "benchmark": "compare_reflectrl",
+        "benchmark": "compare_reflectrl_controls",
         "figures": summarize(runs),
         "per_seed": runs,
         "pool_summary": {k: v for k, v in json.loads(Path(f"{args.pool}.summary.json").read_text()).items() if k != "config"},
-        "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "student_yaml": yaml.safe_load(STUDENT_YAML.read_text()),
-                   "wall_s": time.perf_counter() - start},
+        "sft_summaries": {str(seed): summary for seed, summary in summaries.items()},
+        "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "arms_spec": {a: ARMS[a] for a in args.arms},
+                   "student_yaml": base, "rl_steps": RL_STEPS, "wall_s": time.perf_counter() - start},
         "machine": machine_info(),
     }
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
     print(json.dumps(record["figures"], indent=2))
+
+
+def sft_file(work: Path, pipeline: str, seed: int) -> Path:
+    """The SFT file ``build_sft`` wrote for ``pipeline``'s stage 1 (``STAGE_ONE``)."""
+    return work / f"sft_{STAGE_ONE[pipeline]}_seed{seed}.jsonl"
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 Stage 1 trains a *reflective* policy: SFT on GT+ answers and on critiques of golden negatives (and,
 optionally, RL on reflective tasks). At the switch step, this callback snapshots that policy as a
 frozen teacher, the data turns to direct prompts (no GNT in context), and every RL step from then on
-also pays ``beta · KL(π_student ‖ π_teacher)`` on the direct rollouts' RL tokens, on top of whichever
-RL objective is configured (``R3LightningModule.set_teacher``).
+also pays ``beta · KL(π_student ‖ π_teacher)`` on the direct rollouts' response tokens, on top of
+whichever RL objective is configured (``R3LightningModule.set_teacher``). By default the teacher scores
+those tokens with a golden negative of the question in its context (context distillation), so what
+the reflective policy does with a GNT is what the direct student is pulled toward.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 import lightning as L
 import torch
@@ -20,9 +22,11 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from r3lightning.callbacks.monitor import log_dir_of
+from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.state_checks import expect_int, expect_number, expect_type
 
 REFLECTIVE, DISTILL = "reflective", "distill"
+TeacherMode = Literal["context_distillation", "seed_literal", "anchor"]
 
 
 class ReflectiveToDirectDistillation(L.Callback):
@@ -36,8 +40,10 @@ class ReflectiveToDirectDistillation(L.Callback):
 
     At the first training step with ``global_step >= switch_step`` (exactly once) it copies the policy
     into a frozen teacher (no gradients, eval mode, not a submodule) and calls
-    ``module.set_teacher(teacher, beta, estimator)``. Logged every step: ``distill/phase`` (0 in the
-    reflective stage, 1 in distillation), ``distill/beta``; the module logs ``distill/kl_teacher``. Its
+    ``module.set_teacher(teacher, beta, estimator, contexts)``. Logged every step: ``distill/phase`` (0 in
+    the reflective stage, 1 in distillation), ``distill/beta``, and with a teacher
+    ``distill/teacher_param_distance`` (‖θ_student − θ_teacher‖ / ‖θ_teacher‖: 0 while they are the same
+    weights); the module logs ``distill/kl_teacher`` and ``distill/teacher_context_rate``. Its
     state (phase, beta, estimator, switch step, the teacher's weights or the file holding them, the
     validation records) is saved in checkpoints and restored on resume, the teacher rebuilt from the
     policy's structure with its saved weights; a run resumed in stage 2 keeps the checkpoint's beta and
@@ -59,6 +65,17 @@ class ReflectiveToDirectDistillation(L.Callback):
         teacher_storage: where the teacher's weights are saved: ``checkpoint`` (in this callback's
             state in every checkpoint) or ``file`` (once, to ``<log_dir>/teacher_step<S>.pt``; the
             checkpoints keep only its path, which must still exist on resume).
+        teacher: what the teacher is and what it sees (docs/reflectrl.md, "The teacher").
+            ``context_distillation`` (default, our reading of the paper): the reflective policy at the
+            switch, scoring the student's direct response tokens under the *reflective* prompt of the same
+            question (the question's first training GNT in context; a question without one is scored
+            under its direct prompt, counted in ``distill/teacher_context_rate``); the student goes on
+            from the same weights. ``seed_literal``: the teacher is the reflective policy M_S^refl
+            scoring in the direct context, and the student restarts from the weights it had when
+            training began (M_S; the optimizer state is reset), so student != teacher at the switch;
+            its data are the student's own direct rollouts (the seed's M_S^refl rollouts are not
+            implemented). ``anchor``: the teacher is the policy at the switch in the student's own
+            direct context (the pre-2026-12 behaviour): a KL anchor, zero at the first stage-2 step.
     """
 
     def __init__(
@@ -68,6 +85,7 @@ class ReflectiveToDirectDistillation(L.Callback):
         switch_step: Optional[int] = None,
         evaluate_direct_at_switch: bool = True,
         teacher_storage: Literal["checkpoint", "file"] = "checkpoint",
+        teacher: TeacherMode = "context_distillation",
     ) -> None:
         if beta < 0:
             raise ValueError(f"ReflectiveToDirectDistillation: beta must be >= 0, got {beta}")
@@ -75,6 +93,8 @@ class ReflectiveToDirectDistillation(L.Callback):
             raise ValueError(f"ReflectiveToDirectDistillation: estimator must be 'exact' or 'sampled', got {estimator!r}")
         if teacher_storage not in ("checkpoint", "file"):
             raise ValueError(f"ReflectiveToDirectDistillation: teacher_storage must be 'checkpoint' or 'file', got {teacher_storage!r}")
+        if teacher not in get_args(TeacherMode):
+            raise ValueError(f"ReflectiveToDirectDistillation: teacher must be one of {get_args(TeacherMode)}, got {teacher!r}")
         if switch_step is not None and switch_step < 0:
             raise ValueError(f"ReflectiveToDirectDistillation: switch_step must be >= 0, got {switch_step}")
         self.beta = beta
@@ -82,7 +102,9 @@ class ReflectiveToDirectDistillation(L.Callback):
         self.switch_step = switch_step
         self.evaluate_direct_at_switch = evaluate_direct_at_switch
         self.teacher_storage = teacher_storage
+        self.teacher = teacher
         self.phase = REFLECTIVE
+        self._student_start: Optional[dict[str, torch.Tensor]] = None
         self.switched_at: Optional[int] = None
         self.teacher_path: Optional[str] = None
         self.records: list[dict[str, Any]] = []
@@ -121,6 +143,8 @@ class ReflectiveToDirectDistillation(L.Callback):
 
     # ---- the switch ---------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.teacher == "seed_literal" and self.phase == REFLECTIVE and self._student_start is None and trainer.global_step == 0:
+            self._student_start = {k: v.detach().cpu().clone() for k, v in pl_module.policy.state_dict().items()}
         if self._pending_teacher is not None:
             self._install_teacher(trainer, pl_module, self._pending_teacher)
             self._pending_teacher = None
@@ -139,6 +163,8 @@ class ReflectiveToDirectDistillation(L.Callback):
         self.phase, self.switched_at = DISTILL, step
         if self.beta > 0:
             self._install_teacher(trainer, pl_module, None)
+            if self.teacher == "seed_literal":
+                self._restart_student(trainer, pl_module)
             if self.teacher_storage == "file":
                 self.teacher_path = os.path.join(log_dir_of(trainer), f"teacher_step{step}.pt")
                 if trainer.is_global_zero:
@@ -146,7 +172,7 @@ class ReflectiveToDirectDistillation(L.Callback):
                     torch.save(pl_module.teacher.state_dict(), self.teacher_path)
         rank_zero_info(
             f"[r3lightning] ReflectRL: stage 2 from step {step}: direct prompts"
-            + (f", teacher KL beta={self.beta} ({self.estimator})" if self.beta > 0 else ", no teacher (beta 0)")
+            + (f", teacher KL beta={self.beta} ({self.estimator}, {self.teacher})" if self.beta > 0 else ", no teacher (beta 0)")
         )
 
     def _install_teacher(self, trainer: L.Trainer, pl_module: L.LightningModule, weights: Optional[dict]) -> None:
@@ -161,11 +187,36 @@ class ReflectiveToDirectDistillation(L.Callback):
             teacher.load_state_dict(weights)
         for param in teacher.parameters():
             param.grad = None
-        pl_module.set_teacher(teacher, self.beta, self.estimator)
+        contexts = self._teacher_contexts(trainer, pl_module) if self.teacher == "context_distillation" else None
+        pl_module.set_teacher(teacher, self.beta, self.estimator, contexts)
+
+    @staticmethod
+    def _teacher_contexts(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[tuple[int, ...], list[int]]:
+        """The teacher's prompt tokens keyed by the student's: each training question's direct prompt and
+        its reflective prompt, rendered the way the rollout renders a first prompt."""
+        suite = trainer.datamodule.suite
+        chat = ChatFormatter(pl_module.tokenizer, suite.system_prompt)
+        return {tuple(chat.first_prompt(direct)): chat.first_prompt(reflective) for direct, reflective in suite.teacher_prompts().items()}
+
+    def _restart_student(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The seed's pipeline: the student is M_S again (its weights when training began), a fresh
+        optimizer state, and the reflective policy is only its teacher."""
+        if self._student_start is None:
+            raise ValueError(
+                "ReflectiveToDirectDistillation(teacher='seed_literal'): no weights of the student from the start "
+                "of training (the run resumed from a checkpoint made without teacher='seed_literal')"
+            )
+        pl_module.policy.load_state_dict(self._student_start)
+        for optimizer in trainer.optimizers:
+            optimizer.state.clear()
+        self._student_start = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         pl_module.log("distill/phase", 1.0 if self.phase == DISTILL else 0.0, on_step=True, batch_size=1)
         pl_module.log("distill/beta", float(self.beta if self.phase == DISTILL else 0.0), on_step=True, batch_size=1)
+        if pl_module.teacher is not None:
+            pl_module.log("distill/teacher_param_distance", parameter_distance(pl_module.policy, pl_module.teacher),
+                          on_step=True, batch_size=1)
 
     # ---- validation ---------------------------------------------------------------------------
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -235,7 +286,7 @@ class ReflectiveToDirectDistillation(L.Callback):
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, "reflectrl_report.json"), "w") as handle:
             json.dump({"switch_step": self._resolved_switch, "switched_at": self.switched_at, "beta": self.beta,
-                       "estimator": self.estimator, "records": self.records}, handle, indent=2)
+                       "estimator": self.estimator, "teacher": self.teacher, "records": self.records}, handle, indent=2)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -249,10 +300,12 @@ class ReflectiveToDirectDistillation(L.Callback):
             "phase": self.phase,
             "beta": self.beta,
             "estimator": self.estimator,
+            "teacher_mode": self.teacher,
             "switch_step": self._resolved_switch if self._resolved_switch is not None else self.switch_step,
             "switched_at": self.switched_at,
             "teacher": weights,
             "teacher_path": self.teacher_path,
+            "student_start": self._student_start,
             "records": self.records,
         }
 
@@ -280,8 +333,11 @@ class ReflectiveToDirectDistillation(L.Callback):
         self.switched_at = state_dict.get("switched_at")
         self.teacher_path = state_dict.get("teacher_path")
         self.records = list(state_dict.get("records", []))
-        for name in ("beta", "estimator"):
-            saved = state_dict[name]
+        if self.teacher == "seed_literal" and self.phase == REFLECTIVE and state_dict.get("student_start") is not None:
+            self._student_start = state_dict["student_start"]
+        # Checkpoints made before the ``teacher`` knob had the anchor teacher.
+        for name, saved in (("beta", state_dict["beta"]), ("estimator", state_dict["estimator"]),
+                            ("teacher", state_dict.get("teacher_mode", "anchor"))):
             # Before the switch nothing has used them yet: the configured values apply (a stage-1 checkpoint
             # can start stage-2 runs with several betas). After it, the run goes on as it was.
             if self.phase == DISTILL and saved != getattr(self, name):
@@ -306,3 +362,11 @@ class ReflectiveToDirectDistillation(L.Callback):
                     )
                 weights = torch.load(self.teacher_path, map_location="cpu", weights_only=True)
             self._pending_teacher = weights
+
+
+def parameter_distance(student: torch.nn.Module, teacher: torch.nn.Module) -> float:
+    """‖θ_student − θ_teacher‖₂ / ‖θ_teacher‖₂ over all parameters (0.0 when they are the same weights)."""
+    with torch.no_grad():
+        diff = sum(float((s.float() - t.float()).pow(2).sum()) for s, t in zip(student.parameters(), teacher.parameters()))
+        norm = sum(float(t.float().pow(2).sum()) for t in teacher.parameters())
+    return (diff / max(norm, 1e-30)) ** 0.5

@@ -14,7 +14,7 @@ import copy
 import inspect
 import math
 import time
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import lightning as L
 import torch
@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from r3lightning import algos
+from r3lightning.algos.context_distillation import aligned_predictions, prompt_lengths, splice_prompts
 from r3lightning.algos.logprobs import scored_window_start
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
@@ -464,9 +465,20 @@ class R3LightningModule(L.LightningModule):
         stays out of the module's state dict (the callback that sets it saves it)."""
         return self.__dict__.get("_teacher")
 
-    def set_teacher(self, teacher: Optional[torch.nn.Module], coef: float = 0.0, estimator: str = "exact") -> None:
+    def set_teacher(
+        self,
+        teacher: Optional[torch.nn.Module],
+        coef: float = 0.0,
+        estimator: str = "exact",
+        contexts: Optional[Mapping[tuple[int, ...], Sequence[int]]] = None,
+    ) -> None:
         """Add ``coef · KL(π_θ ‖ π_teacher)`` on the RL tokens to the loss (``estimator``: ``exact`` over
-        the vocabulary, or ``sampled``: the k3 estimate from the sampled tokens' log-probs)."""
+        the vocabulary, or ``sampled``: the k3 estimate from the sampled tokens' log-probs).
+
+        ``contexts`` (context distillation): the teacher's prompt token ids keyed by the student's
+        prompt token ids (a row's tokens before its first generated one). A row whose prompt is a key
+        is scored by the teacher under that prompt, on the same response tokens; others under their
+        own prompt (counted: ``distill/teacher_context_rate``). None: every row under its own prompt."""
         if estimator not in ("exact", "sampled"):
             raise ValueError(f"teacher KL estimator must be 'exact' or 'sampled', got {estimator!r}")
         if teacher is not None:
@@ -474,17 +486,34 @@ class R3LightningModule(L.LightningModule):
         self.__dict__["_teacher"] = teacher
         self.teacher_kl_coef = coef
         self.teacher_kl_estimator = estimator
+        self.teacher_contexts = contexts
 
-    def teacher_kl(self, micro: ExperienceBatch, logp: torch.Tensor, logits: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Per-token KL(π_θ ‖ π_teacher) [b, T-1-start] at the batch's sampling temperature (``logp``, ``logits``:
-        the policy's from ``sequence_logprobs(..., start)``)."""
+    def teacher_logits(self, micro: ExperienceBatch, logits: torch.Tensor, start: int) -> tuple[torch.Tensor, int]:
+        """(The teacher's logits [b, T-1-start, V] aligned with the policy's ``logits``, rows scored under a
+        context of ``teacher_contexts``). Where the teacher has no prediction of the same token (prompt
+        positions) it gets the policy's own logits: no KL there."""
+        if self.teacher_contexts is None:
+            return self.window_logits(self.teacher, micro.input_ids, micro.attention_mask, start), 0
+        prompt_len = prompt_lengths(micro.turn_index, micro.attention_mask)
+        prompts = [self.teacher_contexts.get(tuple(micro.input_ids[i, : int(n)].tolist())) for i, n in enumerate(prompt_len)]
+        ids, mask, offset = splice_prompts(micro.input_ids, micro.attention_mask, prompt_len, prompts, self.tokenizer.pad_token_id)
+        teacher_start = max(0, int((prompt_len + offset).min()) - 1)
+        window = self.window_logits(self.teacher, ids, mask, teacher_start)
+        index, valid = aligned_predictions(prompt_len, offset, start, micro.input_ids.shape[1], teacher_start, ids.shape[1])
+        gathered = window.gather(1, index.unsqueeze(-1).expand(-1, -1, window.shape[-1]))
+        return torch.where(valid.unsqueeze(-1), gathered, logits.detach()), sum(p is not None for p in prompts)
+
+    def teacher_kl(self, micro: ExperienceBatch, logp: torch.Tensor, logits: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, int]:
+        """(Per-token KL(π_θ ‖ π_teacher) [b, T-1-start] at the batch's sampling temperature, rows the
+        teacher scored under a context of its own); ``logp``, ``logits``: the policy's from
+        ``sequence_logprobs(..., start)``."""
         with torch.no_grad():
-            teacher_logits = self.window_logits(self.teacher, micro.input_ids, micro.attention_mask, start)
+            teacher_logits, in_context = self.teacher_logits(micro, logits, start)
         student, teacher = tempered(logits, micro.temperature), tempered(teacher_logits, micro.temperature)
         if self.teacher_kl_estimator == "exact":
-            return algos.full_kl(student, teacher)
+            return algos.full_kl(student, teacher), in_context
         teacher_logp = algos.selective_log_softmax(teacher, micro.input_ids[:, 1 + start :])
-        return algos.kl_estimate(logp, teacher_logp, "k3")
+        return algos.kl_estimate(logp, teacher_logp, "k3"), in_context
 
     def micro_batch_loss(self, micro: ExperienceBatch, totals: dict[str, float]) -> dict[str, torch.Tensor]:
         """Loss terms of one micro-batch, each already divided by the global counts."""
@@ -541,7 +570,9 @@ class R3LightningModule(L.LightningModule):
                 out["loss_kl"] = cfg.kl_coef * algos.aggregate(kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"])
                 out["kl_ref_sum"] = (kl.detach() * mask).sum()
             if self.teacher is not None and self.teacher_kl_coef > 0:
-                teacher_kl = self.teacher_kl(micro, logp, logits, start)
+                teacher_kl, in_context = self.teacher_kl(micro, logp, logits, start)
+                out["teacher_context_rows"] = zero.detach() + in_context
+                out["teacher_rows"] = zero.detach() + len(micro)
                 out["loss_teacher_kl"] = self.teacher_kl_coef * algos.aggregate(
                     teacher_kl, mask, "token_mean", totals["rl_tokens"], totals["rl_seqs"]
                 )
@@ -593,6 +624,7 @@ class R3LightningModule(L.LightningModule):
         if "kl_teacher_sum" in sums:
             stats["distill/kl_teacher"] = sums["kl_teacher_sum"] / max(rl_tokens, 1.0)
             stats["train/loss_teacher_kl"] = sums["loss_teacher_kl"]
+            stats["distill/teacher_context_rate"] = sums["teacher_context_rows"] / max(sums["teacher_rows"], 1.0)
         for name in sums:
             if name.startswith("logratio_sum/"):
                 origin = name.split("/", 1)[1]

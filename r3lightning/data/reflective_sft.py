@@ -3,9 +3,11 @@
 - A GT+ row (the expert was right) trains as plain SFT: the question, then the expert's answer.
 - A GNT row becomes a reflective row: the reflective prompt (the question and the wrong answer,
   ``envs.reflective.reflective_prompt``) then a critique that names the wrong step, corrects it and
-  ends in ``\\boxed{answer}``. Critiques come from a critic (a suite's scripted critic, or a model,
-  ``model_critiques``); one is kept only when its final answer verifies (``keep_verified``), which
-  gives ``reflect_sft/critique_verified_rate``.
+  ends in ``\\boxed{answer}``. Critiques come from a critic: a model shown the reflective prompt
+  (``model_critiques``), a model that answers the question again, its answer turned into a critique
+  of the GNT's first differing step (``resolved_critiques``), or a suite's scripted critic, an oracle
+  (``scripted_critiques``). One is kept only when its final answer verifies (``keep_verified``),
+  which gives ``reflect_sft/critique_verified_rate``.
 
 The rows are ``{"messages": [system, user, assistant], "kind": "gt_plus"|"reflective", "provenance": {...}}``,
 what ``data.demos.source`` reads (``load_chat_jsonl``; the extra keys are ignored there). File
@@ -19,6 +21,7 @@ import random
 from typing import Any, Callable, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
+from r3lightning.envs.math_env import extract_answer
 from r3lightning.envs.reflective import (
     DEFAULT_REFLECTIVE_TEMPLATE,
     LABEL_GNT,
@@ -114,6 +117,48 @@ def model_critiques(
     trajectories = loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(samples)], params)
     texts = [loop.tokenizer.decode([tok for turn in t.turns for tok in turn.response_ids], skip_special_tokens=True) for t in trajectories]
     return [texts[i * samples : (i + 1) * samples] for i in range(len(rows))]
+
+
+def _steps(text: str) -> list[str]:
+    """The non-empty lines of an answer before its ``\\boxed{}`` line, stripped."""
+    return [line.strip() for line in text.strip().splitlines() if line.strip() and "\\boxed" not in line]
+
+
+def resolve_critique(wrong_response: str, solution: str) -> Optional[str]:
+    """A critique of ``wrong_response`` (str, a GNT written step per line) made from ``solution`` (str,
+    another answer to the same question, step per line, ending in ``\\boxed{}``), in the oracle's format
+    (``Wrong step: ... / Correction: a; b / \\boxed{c}``), or None when ``solution`` has no final answer.
+
+    The wrong step is the GNT's first line that is not the solution's line at the same place (its
+    boxed line when every step agrees); the correction is the solution's steps from that place on.
+    Nothing here knows the reference answer: a critique is only as right as ``solution``
+    (``keep_verified`` then keeps verified ones)."""
+    answer = extract_answer(solution)
+    if answer is None:
+        return None
+    wrong, right = _steps(wrong_response), _steps(solution)
+    place = next((i for i, (w, r) in enumerate(zip(wrong, right)) if w != r), min(len(wrong), len(right)))
+    if place < len(wrong):
+        wrong_step = wrong[place]
+    else:
+        boxed = [line.strip() for line in wrong_response.splitlines() if "\\boxed" in line]
+        wrong_step = boxed[-1] if boxed else "no final answer"
+    correction = "; ".join(right[min(place, max(len(right) - 1, 0)) :]) or f"\\boxed{{{answer}}}"
+    return f"Wrong step: {wrong_step}\nCorrection: {correction}\n\\boxed{{{answer}}}"
+
+
+def resolved_critiques(loop: AgentLoop, rows: list[dict[str, Any]], samples: int, params: SamplingParams) -> list[list[str]]:
+    """``samples`` candidate critiques per GNT row from the model behind ``loop``: it answers the row's
+    *direct* question (no GNT, no reference answer), and each answer becomes ``resolve_critique(GNT,
+    answer)``. The non-oracle critic for a model that cannot follow the reflective prompt (a tiny
+    expert never trained on it writes no verified critique from it)."""
+    trajectories = loop.run([EpisodeRequest(task=pool_task(row)) for row in rows for _ in range(samples)], params)
+    texts = [loop.tokenizer.decode([tok for turn in t.turns for tok in turn.response_ids], skip_special_tokens=True) for t in trajectories]
+    out = []
+    for i, row in enumerate(rows):
+        critiques = (resolve_critique(row["response"], text) for text in texts[i * samples : (i + 1) * samples])
+        out.append([c for c in critiques if c])
+    return out
 
 
 def build_sft_rows(

@@ -24,6 +24,7 @@ from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, re
 from r3lightning.data.reflective_sft import (
     build_sft_rows,
     model_critiques,
+    resolved_critiques,
     scripted_critiques,
     suite_verifier,
     training_gnt_rows,
@@ -179,7 +180,7 @@ def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
 
 
 def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
-    """``r3l reflect-sft --config RECIPE --pool POOL.jsonl --out SFT.jsonl [--critic scripted|model]``; returns the stats."""
+    """``r3l reflect-sft --config RECIPE --pool POOL.jsonl --out SFT.jsonl [--critic model|resolve|oracle]``; returns the stats."""
     parser = argparse.ArgumentParser(
         prog="r3l reflect-sft",
         description="Build ReflectRL's stage-1 SFT file from a GNT pool: GT+ rows as plain SFT, GNT rows as "
@@ -188,9 +189,15 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
     _common(parser)
     parser.add_argument("--pool", required=True, help="pool JSONL written by r3l gnt-pool")
     parser.add_argument("--out", required=True, help="chat JSONL to write (data.demos.source); stats go to <out>.summary.json")
-    parser.add_argument("--critic", choices=("scripted", "model"), default="model", help="who writes critiques (default: a model)")
+    parser.add_argument(
+        "--critic", choices=("model", "resolve", "oracle"), default="model",
+        help="who writes critiques: model (default: the pool's expert, or --critic_model, samples them from the "
+        "reflective prompt), resolve (that model answers the question again and its answer corrects the GNT from its "
+        "first differing step: for a model that cannot follow the reflective prompt), neither reading the reference "
+        "answer; or oracle (the suite's scripted critic, which knows the reference answer and the derivation)",
+    )
     parser.add_argument("--critic_model", default=None, help="critic checkpoint or model directory (default: the pool's expert)")
-    parser.add_argument("--critic_samples", type=COUNT, default=4, help="critiques sampled per GNT (model critic); the first that verifies is kept")
+    parser.add_argument("--critic_samples", type=COUNT, default=4, help="critiques sampled per GNT (model and resolve critics); the first that verifies is kept")
     parser.add_argument("--no_reflective", action="store_true", help="GT+ rows only (the 'GT+ only' baseline's SFT data)")
     parser.add_argument("--no_gt_plus", action="store_true", help="reflective rows only")
     args = parser.parse_args(argv)
@@ -208,16 +215,20 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
     critiques: list[list[str]] = []
     critic_name = ""
     if not args.no_reflective:
-        if args.critic == "scripted":
+        if args.critic == "oracle":
             critic = scripted_critic(suite)
             if critic is None:
-                raise ValueError(f"--critic scripted: {type(suite).__name__} has no scripted critic; use --critic model")
-            critiques, critic_name = scripted_critiques(gnt, critic), "scripted"
+                raise ValueError(f"--critic oracle: {type(suite).__name__} has no scripted critic; use --critic model")
+            critiques, critic_name = scripted_critiques(gnt, critic), "oracle"
         else:
             critic_name = args.critic_model or _pool_expert(pool, args.pool)
             loop = _loop(suite, critic_name, args.engine, _agent(data), load_policy, args.batch_size)
             torch.manual_seed(args.seed)
-            critiques = model_critiques(loop, gnt, template, args.critic_samples, _sampling(data, args))
+            if args.critic == "resolve":
+                critiques = resolved_critiques(loop, gnt, args.critic_samples, _sampling(data, args))
+                critic_name = f"resolve:{critic_name}"
+            else:
+                critiques = model_critiques(loop, gnt, template, args.critic_samples, _sampling(data, args))
     rows, stats = build_sft_rows(
         pool, critiques, suite_verifier(suite), suite.system_prompt, template,
         gt_plus=not args.no_gt_plus, reflective=not args.no_reflective, seed=args.seed, critic=critic_name,

@@ -197,21 +197,31 @@ def champ_items() -> list[MathItem]:
 
 
 class ArithmeticGenerator:
-    """Two-operand integer problems like ``Compute 7+12.`` -> ``19``, pure Python and instant.
+    """Integer problems like ``Compute 7+12.`` -> ``19`` (or ``Compute 7+3-2.`` with ``terms: 3``), pure
+    Python and instant. The solution is the step-wise derivation, one ``a op b = c`` line per operation
+    from left to right (``7+3=10`` / ``10-2=8``), so a wrong answer written that way has a wrong step.
 
     max_operand: operands are drawn uniformly from 0..max_operand.
-    operators: string of operators to draw from, a subset of ``"+-*"``.
-    nonnegative: order subtraction operands so results are never negative.
+    operators: string of operators to draw from, a subset of ``"+-*"`` (``"+-"`` only when ``terms`` > 2:
+        left-to-right steps are the evaluation order only without precedence).
+    nonnegative: order subtraction operands so results are never negative (with ``terms`` > 2, a
+        later ``-`` whose operand exceeds the running value becomes ``+``).
+    terms: operands per problem, >= 2.
     """
 
-    def __init__(self, max_operand: int = 20, operators: str = "+-", nonnegative: bool = True) -> None:
+    def __init__(self, max_operand: int = 20, operators: str = "+-", nonnegative: bool = True, terms: int = 2) -> None:
         if max_operand < 1:
             raise ValueError(f"arithmetic: max_operand must be >= 1, got {max_operand}")
         if not operators or set(operators) - set("+-*"):
             raise ValueError(f"arithmetic: operators must be a non-empty subset of '+-*', got {operators!r}")
+        if terms < 2:
+            raise ValueError(f"arithmetic: terms must be >= 2, got {terms}")
+        if terms > 2 and "*" in operators:
+            raise ValueError(f"arithmetic: terms {terms} > 2 takes operators from '+-' only, got {operators!r}")
         self.max_operand = max_operand
         self.operators = operators
         self.nonnegative = nonnegative
+        self.terms = terms
 
     def __call__(self, seed: int) -> MathItem:
         rng = random.Random(seed)
@@ -219,8 +229,17 @@ class ArithmeticGenerator:
         op = rng.choice(self.operators)
         if op == "-" and self.nonnegative and a < b:
             a, b = b, a
-        result = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return MathItem(key="", question=f"Compute {a}{op}{b}.", answer=str(result), solution=f"{a}{op}{b}={result}")
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        expression, steps = f"{a}{op}{b}", [f"{a}{op}{b}={value}"]
+        for _ in range(self.terms - 2):
+            operand, op = rng.randint(0, self.max_operand), rng.choice(self.operators)
+            if op == "-" and self.nonnegative and operand > value:
+                op = "+"
+            result = value + operand if op == "+" else value - operand
+            expression += f"{op}{operand}"
+            steps.append(f"{value}{op}{operand}={result}")
+            value = result
+        return MathItem(key="", question=f"Compute {expression}.", answer=str(value), solution="\n".join(steps))
 
 
 class ReasoningGymGenerator:

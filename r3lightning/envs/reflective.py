@@ -5,8 +5,8 @@ reasoning (``r3l gnt-pool`` writes them, ``r3lightning.data.gnt_pool``). A *refl
 question and that wrong answer and asks for the wrong step, a correction and the final answer; a
 *direct* task is the wrapped suite's own question. ``ReflectiveSuite`` serves both:
 
-- training task ``index`` is reflective below ``direct_from_index`` and direct from it on, a pure
-  function of the index, so Lightning's one-batch prefetch and exact resume need nothing more (the
+- training task ``index`` is reflective below ``direct_from_index`` and direct from it on (a question
+  the pool's expert answered, or any of the wrapped suite's: ``direct_tasks``), a pure function of the index, so Lightning's one-batch prefetch and exact resume need nothing more (the
   ``ReflectiveToDirectDistillation`` callback sets ``direct_from_index`` from its switch step before
   the stream starts);
 - validation tasks are the wrapped suite's, each carrying the GNT the expert wrote for it, if any;
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
 from r3lightning.envs.common import finite_index
@@ -110,14 +110,20 @@ class ReflectiveSuite(TaskSuite):
             shown with their validation question in reflective validation. Read when first needed.
         template: the reflective prompt, with ``{question}`` and ``{attempt}``; ``r3l reflect-sft``
             reads it from the same config, so stage-1 SFT and reflective tasks match.
-        direct_from_index: training tasks with this index or higher are the wrapped suite's direct
-            tasks (the same index); null: every training task is reflective. The
+        direct_from_index: training tasks with this index or higher are direct tasks (``direct_tasks``);
+            null: every training task is reflective. The
             ``ReflectiveToDirectDistillation`` callback sets it to its switch step x world size x
             ``data.tasks_per_step`` when fit starts, after an in-memory tokenizer was trained on the
             suite's first tasks, so the tokenizer does not depend on the switch step.
         show_gnt_in_validation: validation episodes of questions with a GNT show it (reflective
             validation). The callback sets it per validation: on in stage 1, off in stage 2.
-        seed: seeds the per-pass shuffle of the reflective training tasks.
+        seed: seeds the per-pass shuffle of the reflective training tasks (and of the direct ones drawn
+            from the pool).
+        direct_tasks: where stage 2's direct questions come from. ``pool`` (default): the training
+            questions the pool's expert answered (the method's training prompts; each pass over them
+            reshuffled), so the context-distillation teacher has a GNT for nearly every one (all but
+            those the expert always got right). ``suite``: the wrapped suite's training task of the same
+            index (for a generated suite, mostly questions without a GNT).
     """
 
     def __init__(
@@ -128,11 +134,14 @@ class ReflectiveSuite(TaskSuite):
         direct_from_index: Optional[int] = None,
         show_gnt_in_validation: bool = True,
         seed: int = 0,
+        direct_tasks: Literal["pool", "suite"] = "pool",
     ) -> None:
         if suite.max_turns != 1:
             raise ValueError(
                 f"ReflectiveSuite: the wrapped suite must be single-turn (max_turns 1), got {suite.max_turns}"
             )
+        if direct_tasks not in ("pool", "suite"):
+            raise ValueError(f"ReflectiveSuite: direct_tasks must be 'pool' or 'suite', got {direct_tasks!r}")
         if "{question}" not in template or "{attempt}" not in template:
             raise ValueError("ReflectiveSuite: template needs both {question} and {attempt}")
         self.suite = suite
@@ -141,10 +150,12 @@ class ReflectiveSuite(TaskSuite):
         self.direct_from_index = direct_from_index
         self.show_gnt_in_validation = show_gnt_in_validation
         self.seed = seed
+        self.direct_tasks = direct_tasks
         self.system_prompt = suite.system_prompt
         self.answer_format = suite.answer_format
         self.max_turns = 1
         self._train_gnt: Optional[list[dict[str, Any]]] = None
+        self._train_questions: list[dict[str, Any]] = []
         self._val_gnt: dict[str, dict[str, Any]] = {}
 
     # ---- the pool -----------------------------------------------------------------------------
@@ -159,15 +170,28 @@ class ReflectiveSuite(TaskSuite):
             train = [r for r in rows if r["label"] == LABEL_GNT and r["split"] == "train"]
             if not train:
                 raise ValueError(f"ReflectiveSuite: the pool {self.pool!r} has no GNT rows of split 'train'")
-            for row in rows:  # the first GNT of each validation question
+            questions: dict[str, dict[str, Any]] = {}
+            for row in rows:  # the first GNT of each validation question; each training question once
                 if row["label"] == LABEL_GNT and row["split"] == "val":
                     self._val_gnt.setdefault(row["task_id"], row)
+                if row["split"] == "train":
+                    questions.setdefault(row["prompt"], row)
+            self._train_questions = list(questions.values())
             self._train_gnt = train
         return self._train_gnt
 
     @property
     def num_train_gnt(self) -> int:
         return len(self._load())
+
+    def teacher_prompts(self) -> dict[str, str]:
+        """Context distillation's teacher prompts: the direct prompt (str) of every training question
+        with a training GNT -> its reflective prompt (str) with the first of those GNTs in pool order.
+        Validation GNTs are never used (the validation questions stay unseen)."""
+        prompts: dict[str, str] = {}
+        for row in self._load():
+            prompts.setdefault(row["prompt"], reflective_prompt(row["prompt"], row["response"], self.template))
+        return prompts
 
     # ---- tasks --------------------------------------------------------------------------------
     def is_direct(self, index: int) -> bool:
@@ -178,7 +202,11 @@ class ReflectiveSuite(TaskSuite):
         if index < 0:
             raise IndexError(f"ReflectiveSuite: train_task index must be >= 0, got {index}")
         if self.is_direct(index):
-            return self.suite.train_task(index)
+            if self.direct_tasks == "suite":
+                return self.suite.train_task(index)
+            self._load()
+            row = self._train_questions[finite_index(self.seed, index, len(self._train_questions))]
+            return pool_task(row)
         rows = self._load()
         number = finite_index(self.seed, index, len(rows))
         return self.reflective_task(rows[number], f"{rows[number]['task_id']}~gnt{number}")

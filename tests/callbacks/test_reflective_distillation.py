@@ -1,5 +1,7 @@
 """ReflectiveToDirectDistillation: the switch happens once, at the configured step; the teacher is a
-frozen copy that never changes while the student trains; its KL is zero while student == teacher;
+frozen copy that never changes while the student trains; by default it scores the student's direct
+answers with the question's GNT in its context, so its KL is not zero at the switch (the anchor
+teacher's is, while student == teacher; the seed-literal student starts from M_S, not the teacher);
 the data and the validation turn direct; and a run resumed in stage 2 gets the same teacher and phase.
 
 The suite is ``DigitSuite`` (any digit is right) wrapped in a ``ReflectiveSuite``, so a random tiny
@@ -46,9 +48,9 @@ def files(tmp_path_factory):
     return SimpleNamespace(root=root, pool=str(root / "pool.jsonl"), sft=str(root / "sft.jsonl"))
 
 
-def make(files, sft_steps=2, algorithm=None, seed=3):
+def make(files, sft_steps=2, algorithm=None, seed=3, direct_tasks="pool"):
     module, dm = module_and_data(
-        ReflectiveSuite(DigitSuite(), files.pool), sft_steps=sft_steps, lr=1e-2, seed=seed,
+        ReflectiveSuite(DigitSuite(), files.pool, direct_tasks=direct_tasks), sft_steps=sft_steps, lr=1e-2, seed=seed,
         algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
     )
     dm.demos = DemoConfig(source=files.sft, tasks_per_step=4)
@@ -75,6 +77,9 @@ class Probe(L.Callback):
 
         module.set_teacher = counted
 
+    def on_train_start(self, trainer, module):
+        self.start = weights(module.policy)
+
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if module.teacher is not None:
             self.teachers.setdefault(id(module.teacher), (trainer.global_step, weights(module.teacher), weights(module.policy)))
@@ -86,6 +91,8 @@ class Probe(L.Callback):
             "phase": float(metrics["distill/phase"]),
             "kl": float(metrics["distill/kl_teacher"]) if "distill/kl_teacher" in metrics and module.phase == "rl" else None,
             "has_teacher_loss": "train/loss_teacher_kl" in metrics,
+            "context_rate": float(metrics["distill/teacher_context_rate"]) if "distill/teacher_context_rate" in metrics and module.phase == "rl" else None,
+            "distance": float(metrics["distill/teacher_param_distance"]) if "distill/teacher_param_distance" in metrics else None,
         }
 
     def on_validation_start(self, trainer, module):
@@ -101,7 +108,7 @@ def fit(module, dm, steps, callbacks, ckpt_path=None, **trainer_args):
 def test_switches_once_at_the_step_and_the_teacher_stays_frozen(files):
     module, dm = make(files, sft_steps=2)
     probe = Probe()
-    fit(module, dm, 5, [ReflectiveToDirectDistillation(beta=0.5), probe])
+    fit(module, dm, 5, [ReflectiveToDirectDistillation(beta=0.5, teacher="anchor"), probe])
     # Exactly one teacher, set before step 2 ran (the first stage-2 step).
     assert probe.set_teacher_calls == [(2, True)]
     assert [probe.steps[s]["phase"] for s in range(5)] == [0.0, 0.0, 1.0, 1.0, 1.0]
@@ -131,10 +138,56 @@ def test_switches_once_at_the_step_and_the_teacher_stays_frozen(files):
 def test_the_teacher_kl_joins_any_objective(files, advantage, policy_loss, estimator):
     module, dm = make(files, sft_steps=1, algorithm=AlgorithmConfig(advantage=advantage, policy_loss=policy_loss))
     probe = Probe()
-    fit(module, dm, 3, [ReflectiveToDirectDistillation(beta=0.5, estimator=estimator), probe])
+    fit(module, dm, 3, [ReflectiveToDirectDistillation(beta=0.5, estimator=estimator, teacher="anchor"), probe])
     assert module.teacher_kl_estimator == estimator and module.teacher_kl_coef == 0.5
     assert probe.steps[1]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert probe.steps[2]["kl"] > 0 and probe.steps[2]["has_teacher_loss"]
+
+
+def test_the_default_teacher_sees_the_gnt_so_its_kl_is_not_zero_at_the_switch(files):
+    """Context distillation: at the first stage-2 step the student's weights are the teacher's, yet the
+    teacher scores the answers with the question's GNT in its context, so there is something to distill.
+    (The anchor teacher of the old code scored them in the student's context: exactly zero here.)"""
+    module, dm = make(files, sft_steps=2, direct_tasks="suite")  # questions without a GNT too
+    probe = Probe()
+    callback = ReflectiveToDirectDistillation(beta=0.5)
+    assert callback.teacher == "context_distillation"
+    fit(module, dm, 4, [callback, probe])
+    assert probe.set_teacher_calls == [(2, True)]
+    [(step, teacher_at_switch, policy_at_switch)] = probe.teachers.values()
+    assert all(torch.equal(v, policy_at_switch[k]) for k, v in teacher_at_switch.items())  # the same weights ...
+    assert probe.steps[2]["kl"] > 1e-4  # ... and still a KL to distill
+    assert probe.steps[2]["distance"] > 0.0  # logged after the update: the student has moved
+    # DigitSuite has 7 questions; the pool's GNTs cover 6 of them (training tasks 0-5): the 7th is
+    # scored under its own prompt.
+    contexts = module.teacher_contexts
+    assert len(contexts) == 6
+    assert all(0.0 < probe.steps[s]["context_rate"] <= 1.0 for s in (2, 3))
+    suite = dm.suite
+    asked = {dm.suite.suite.train_task(i).prompt for i in range(2 * dm.tasks_per_step, 4 * dm.tasks_per_step)}
+    with_gnt = set(suite.teacher_prompts())
+    expected = sum(1 for i in range(2 * dm.tasks_per_step, 3 * dm.tasks_per_step) if suite.suite.train_task(i).prompt in with_gnt)
+    assert probe.steps[2]["context_rate"] == pytest.approx(expected / dm.tasks_per_step)
+    assert asked - with_gnt == {"Say a number above 6."}
+    # Stage-2 questions from the pool (the default): every one has a GNT.
+    module, dm = make(files, sft_steps=1)
+    probe = Probe()
+    fit(module, dm, 2, [ReflectiveToDirectDistillation(beta=0.5), probe])
+    assert probe.steps[1]["context_rate"] == 1.0 and probe.steps[1]["kl"] > 1e-4
+
+
+def test_seed_literal_restarts_the_student_from_its_first_weights(files):
+    module, dm = make(files, sft_steps=2)
+    probe = Probe()
+    fit(module, dm, 4, [ReflectiveToDirectDistillation(beta=0.5, teacher="seed_literal"), probe])
+    [(step, teacher_at_switch, policy_at_switch)] = probe.teachers.values()
+    assert step == 2
+    # At the switch the student is M_S again (not the teacher), and the teacher is the stage-1 policy.
+    assert probe.steps[2]["kl"] > 1e-4
+    assert any(not torch.equal(policy_at_switch[k], v) for k, v in teacher_at_switch.items())
+    assert module.teacher_contexts is None  # the teacher scores in the direct context
+    for name, value in policy_at_switch.items():
+        assert torch.equal(value, probe.start[name]), name
 
 
 def test_beta_zero_switches_the_data_without_a_teacher(files):

@@ -76,7 +76,7 @@ def test_reflect_sft_command_writes_what_the_sft_head_reads(tmp_path, pool, caps
             "init_args": {"suite": inner, "pool": str(tmp_path / "pool.jsonl"), "template": template}}
     recipe.write_text(json.dumps({"data": {"suite": spec}}))
     out = tmp_path / "sft.jsonl"
-    main(["reflect-sft", "--config", str(recipe), "--pool", str(tmp_path / "pool.jsonl"), "--critic", "scripted", "--out", str(out)])
+    main(["reflect-sft", "--config", str(recipe), "--pool", str(tmp_path / "pool.jsonl"), "--critic", "oracle", "--out", str(out)])
     assert "reflect_sft/critique_verified_rate 1.000" in capsys.readouterr().out
     conversations = load_chat_jsonl(str(out))
     assert len(conversations) == 10
@@ -110,3 +110,18 @@ def test_reflect_sft_command_with_a_model_critic(tmp_path, pool, capsys):
     stats = json.loads((tmp_path / "sft.jsonl.summary.json").read_text())
     assert stats["reflect_sft/critique_verified_rate"] == 0.0 and stats["reflect_sft/rows"] == 5
     assert stats["config"]["critic"] == "model"
+
+
+def test_resolve_critique_corrects_the_first_step_the_gnt_does_not_share():
+    from r3lightning.data.reflective_sft import resolve_critique
+
+    gnt = "3-1=4\n4-2=2\n\\boxed{2}"
+    solution = "3-1=2\n2-2=0\n\\boxed{0}"
+    assert resolve_critique(gnt, solution) == "Wrong step: 3-1=4\nCorrection: 3-1=2; 2-2=0\n\\boxed{0}"
+    # The first step agrees: the second is the wrong one, corrected from there.
+    assert resolve_critique("3-1=2\n2-2=2\n\\boxed{2}", solution) == "Wrong step: 2-2=2\nCorrection: 2-2=0\n\\boxed{0}"
+    # Every step agrees, the final answer does not: the boxed line is the wrong step.
+    assert resolve_critique("3-1=2\n2-2=0\n\\boxed{2}", solution) == "Wrong step: \\boxed{2}\nCorrection: 2-2=0\n\\boxed{0}"
+    # No steps in the GNT, an answer-only solution; a solution without a final answer gives nothing.
+    assert resolve_critique("\\boxed{2}", "\\boxed{0}") == "Wrong step: \\boxed{2}\nCorrection: \\boxed{0}\n\\boxed{0}"
+    assert resolve_critique(gnt, "3-1=2") is None

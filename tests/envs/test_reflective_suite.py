@@ -19,7 +19,7 @@ def pool_path(tmp_path):
 
 def test_training_tasks_switch_to_direct_at_the_index(pool_path):
     inner = arithmetic_suite()
-    suite = ReflectiveSuite(arithmetic_suite(), pool_path, direct_from_index=10)
+    suite = ReflectiveSuite(arithmetic_suite(), pool_path, direct_from_index=10, direct_tasks="suite")
     reflective = [suite.train_task(i) for i in range(10)]
     assert all(t.data["reflective"] and "A previous answer, which is wrong:" in t.prompt for t in reflective)
     # Only the wrong answers are shown, each with its own question and reference answer.
@@ -27,7 +27,7 @@ def test_training_tasks_switch_to_direct_at_the_index(pool_path):
         assert t.data["direct_prompt"] in t.prompt and extract_answer(t.data["gnt"]) != t.answer
     assert [suite.train_task(i) for i in range(10, 14)] == [inner.train_task(i) for i in range(10, 14)]
     # A pure function of the index, in a second instance too.
-    again = ReflectiveSuite(arithmetic_suite(), pool_path, direct_from_index=10)
+    again = ReflectiveSuite(arithmetic_suite(), pool_path, direct_from_index=10, direct_tasks="suite")
     assert [again.train_task(i) for i in range(14)] == [suite.train_task(i) for i in range(14)]
     # Each pass over the 6 GNTs shows every one once.
     assert len({t.task_id for t in reflective[:6]}) == 6
@@ -68,3 +68,30 @@ def test_suite_settings_are_checked(pool_path, tmp_path):
     bad.write_text(json.dumps({"label": "gnt"}) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl, row 1: not a GNT pool row"):
         ReflectiveSuite(arithmetic_suite(), str(bad)).train_task(0)
+
+
+def test_teacher_prompts_hold_training_gnts_only(pool_path):
+    """Context distillation's teacher prompts: each training question with a GNT -> its reflective prompt;
+    the validation questions' GNTs (shown in reflective validation) never become a teacher's context."""
+    suite = ReflectiveSuite(arithmetic_suite(), pool_path)
+    rows = [json.loads(line) for line in open(pool_path)]
+    train_gnt = [r for r in rows if r["label"] == "gnt" and r["split"] == "train"]
+    prompts = suite.teacher_prompts()
+    assert set(prompts) == {r["prompt"] for r in train_gnt}
+    first = train_gnt[0]
+    assert prompts[first["prompt"]] == reflective_prompt(first["prompt"], first["response"])
+    assert not set(prompts) & {t.prompt for t in suite.val_tasks()}
+
+
+def test_direct_tasks_from_the_pool_are_its_training_questions(pool_path):
+    """The default: stage 2 asks the questions the expert answered (each once per pass), as direct tasks."""
+    suite = ReflectiveSuite(arithmetic_suite(), pool_path, direct_from_index=0)
+    rows = [json.loads(line) for line in open(pool_path)]
+    train = {r["prompt"]: r for r in rows if r["split"] == "train"}
+    tasks = [suite.train_task(i) for i in range(2 * len(train))]
+    assert not any(t.data.get("reflective") for t in tasks)
+    assert sorted(t.prompt for t in tasks[: len(train)]) == sorted(train)  # one pass: each question once
+    assert all(t.answer == train[t.prompt]["answer"] and t.task_id == train[t.prompt]["task_id"] for t in tasks)
+    assert [suite.train_task(i) for i in range(len(tasks))] == tasks  # a pure function of the index
+    with pytest.raises(ValueError, match="direct_tasks"):
+        ReflectiveSuite(arithmetic_suite(), pool_path, direct_tasks="both")

@@ -53,3 +53,33 @@ def test_teacher_is_not_part_of_the_module_state(world_tokenizer):
     assert set(module.state_dict()) == before
     with pytest.raises(ValueError, match="exact' or 'sampled"):
         module.set_teacher(policy, coef=0.1, estimator="k9")
+
+
+def test_a_context_teacher_scores_the_same_response_under_its_own_prompt(world_tokenizer):
+    """Context distillation by hand: the teacher's logits on the response tokens after its prompt, the
+    student's after the student's; the same weights with another context give a KL that is not zero."""
+    from r3lightning import algos
+
+    policy = build_tiny_model(TINY_SPEC, world_tokenizer, seed=0)
+    module = module_with(policy, world_tokenizer)
+    experience = batch(world_tokenizer)
+    ids = world_tokenizer("Compute 2+3. \\boxed{5}", add_special_tokens=False)["input_ids"]
+    prompt, response = ids[:4], ids[4:]
+    teacher_prompt = world_tokenizer("Compute 2+3. A previous answer, which is wrong: 6", add_special_tokens=False)["input_ids"]
+    assert len(teacher_prompt) != len(prompt)
+    totals = {"rl_tokens": float(experience.loss_mask[:, 1:].sum()), "rl_seqs": 2.0, "sft_tokens": 0.0, "sft_seqs": 0.0}
+    teacher = copy.deepcopy(policy)
+    module.set_teacher(teacher, coef=0.5, contexts={tuple(prompt): teacher_prompt})
+    out = module.micro_batch_loss(experience, totals)
+    with torch.no_grad():
+        student_logits = policy(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        teacher_logits = teacher(input_ids=torch.tensor([teacher_prompt + response])).logits[0, len(teacher_prompt) - 1 : -1]
+        by_hand = algos.full_kl(student_logits, teacher_logits).mean()
+    assert by_hand > 1e-4  # the same weights, another context: the KL is not zero
+    torch.testing.assert_close(out["loss_teacher_kl"].detach(), 0.5 * by_hand, rtol=1e-4, atol=1e-6)
+    assert float(out["teacher_context_rows"]) == 2.0 and float(out["teacher_rows"]) == 2.0
+    # A prompt without a context is scored under its own: the same weights give zero.
+    module.set_teacher(teacher, coef=0.5, contexts={(1, 2, 3): teacher_prompt})
+    out = module.micro_batch_loss(experience, totals)
+    assert float(out["loss_teacher_kl"]) == pytest.approx(0.0, abs=1e-6)
+    assert float(out["teacher_context_rows"]) == 0.0

@@ -161,12 +161,26 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
     if threads:
         torch.set_num_threads(threads)
     start = time.perf_counter()
-    _, report, distill, trace = _fit(
-        Path(config_path),
-        ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], "--ckpt_path", checkpoint,
-         "--resume_with", "config"],  # each arm's own algorithm and teacher over the shared stage 1
-    )
     _, beta, teacher = ARMS[arm]
+    config = yaml.safe_load(Path(config_path).read_text())
+    rl_steps = config["trainer"]["max_steps"] - config["model"]["phases"]["sft_warmup_steps"]
+    # Strict health: an arm whose switched-on component never acted is refused, not reported. The anchor
+    # arms are the exception: their teacher is the student at the switch by construction (the old
+    # reading, kept as the control that shows it), which the health check calls degenerate.
+    strict = "false" if teacher == "anchor" else "true"
+    health = ["--health.strict", strict, "--health.after_steps", str(max(rl_steps, 1))]
+    try:
+        _, report, distill, trace = _fit(
+            Path(config_path),
+            ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], *health, "--ckpt_path",
+             checkpoint, "--resume_with", "config"],  # each arm's own algorithm and teacher over the shared stage 1
+        )
+    except ValueError as err:
+        if type(err).__name__ != "InertComponentError":
+            raise
+        result = {"refused": str(err), "wall_s": time.perf_counter() - start}
+        Path(result_path).write_text(json.dumps(result))
+        return result
     assert (distill.beta, distill.teacher) == (beta, teacher), f"{arm}: the arm's beta/teacher did not apply"
     stage1 = [r for r in distill.records if r["stage"] == 1][-1]
     stage2 = [r for r in distill.records if r["stage"] == 2][-1]
@@ -204,7 +218,9 @@ SUMMARIZED = ("teacher_reflective_greedy", "teacher_direct_greedy", "student_dir
 def summarize(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
     """Mean and std over seeds of ``SUMMARIZED`` per arm, and each arm's paired difference to ``gtplus``
     (same objective, same seeds) in student direct greedy success."""
-    figures = {}
+    figures = {"refused_runs": {arm: {s: r["refused"] for s, r in seeds.items() if "refused" in r} for arm, seeds in runs.items()}}
+    figures["refused_runs"] = {arm: r for arm, r in figures["refused_runs"].items() if r}
+    runs = {arm: {s: r for s, r in seeds.items() if "refused" not in r} for arm, seeds in runs.items()}
     for arm, seeds in runs.items():
         for key in SUMMARIZED:
             values = [run[key] for run in seeds.values() if run.get(key) is not None]

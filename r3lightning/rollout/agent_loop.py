@@ -166,11 +166,11 @@ class AgentLoop:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = resolve_action_format(suite, config or AgentLoopConfig())
+        check_suite(suite)
         self.chat = ChatFormatter(tokenizer, suite.system_prompt)
         if suite.max_turns > 1:  # refused now, not at the first second turn
             self.chat.require_prefix_stable(f"data.suite ({type(suite).__name__}) plays up to {suite.max_turns} turns")
         self.generated_tokens = 0
-        check_suite(suite)
         self._call = EnvCaller()
         self.env_calls = SuiteCalls(suite, self.config.step_timeout_s, "warm-start data", self._call)
         """Single environment calls outside episodes (scripted warm-start data), under the same deadline."""

@@ -78,7 +78,7 @@ def test_reflect_sft_counts_and_reports_rows_of_an_unknown_label(tmp_path, capsy
     rows[0] = {**rows[0], "label": "negative"}
     write_jsonl(str(pool), rows)
     out = tmp_path / "sft.jsonl"
-    main(["reflect-sft", "--config", reflect_recipe(tmp_path, pool), "--pool", str(pool), "--critic", "scripted", "--out", str(out)])
+    main(["reflect-sft", "--config", reflect_recipe(tmp_path, pool), "--pool", str(pool), "--critic", "oracle", "--out", str(out)])
     printed = capsys.readouterr()
     assert f"r3l reflect-sft: {pool}, row 1: unknown label 'negative' (not 'gnt' or 'gt_plus'); dropped" in printed.err
     assert "dropped 1 (unknown_label 1)" in printed.out
@@ -88,7 +88,7 @@ def test_reflect_sft_counts_and_reports_rows_of_an_unknown_label(tmp_path, capsy
 def test_reflect_sft_refuses_an_empty_pool_an_undecodable_one_and_bad_counts(tmp_path, capsys):
     pool = tmp_path / "pool.jsonl"
     pool.write_text("")
-    args = ["reflect-sft", "--config", reflect_recipe(tmp_path, pool), "--pool", str(pool), "--critic", "scripted", "--out", str(tmp_path / "o.jsonl")]
+    args = ["reflect-sft", "--config", reflect_recipe(tmp_path, pool), "--pool", str(pool), "--critic", "oracle", "--out", str(tmp_path / "o.jsonl")]
     code, err = run(capsys, *args)
     assert code == 2 and f"GNT pool {str(pool)!r} has no rows" in err
     pool.write_bytes(b'{"label": "gnt"}\n\xff\xfe\n')

@@ -103,7 +103,9 @@ def main() -> None:
                                              *pool_args, "--out", str(paths["pool"])], work / "pool.log")
     timings["2_reflect_sft"] = run("reflect-sft", ["reflect-sft", "--config", str(student_yaml), "--pool", str(paths["pool"]),
                                                    *sft_args, "--out", str(paths["sft"])], work / "sft.log")
-    timings["3_student"] = run("student", ["fit", "--config", str(student_yaml), "--trainer.enable_progress_bar", "false"], work / "student.log")
+    # Strict: a stage whose switched-on component never acted (a teacher identical to its student) stops the example.
+    timings["3_student"] = run("student", ["fit", "--config", str(student_yaml), "--trainer.enable_progress_bar", "false",
+                                           "--health.strict", "true"], work / "student.log")
     total = {k: round(sum(t[k] for t in timings.values()), 1) for k in ("wall_s", "cpu_s")}
 
     expert_report = json.loads((paths["logs"] / "reflectrl_expert" / "version_0" / "phase_report.json").read_text())

@@ -62,6 +62,9 @@ class ComponentCheck:
     degenerate: Optional[Degeneracy] = None
 
 
+INVALID_REFLECTIONS = Degeneracy(
+    "rollout/reflection_invalid_rate", 0.95, "mean", True, "nearly every reflection was invalid, so no retry was guided"
+)
 FORMAT_REFUSALS = Degeneracy(
     "rollout/invalid_action_rate", 0.95, "mean", True,
     "nearly every action was refused by the format parser (the reward cannot be earned)",
@@ -81,9 +84,7 @@ def component_checks(
             "R³ in-context reflection", f"data.explorer ({name}: share, after_failures)", "rollout/in_context_tokens"
         ))
     if isinstance(explorer, ReflectRetryExplorer) and explorer.retry:
-        reflections = Degeneracy("rollout/reflection_invalid_rate", 0.95, "mean", True,
-                                 "nearly every reflection was invalid, so no retry was guided")
-        checks.append(ComponentCheck("R³L reflect-then-retry", f"data.explorer ({name}).retry", "rollout/retry_rate", reflections))
+        checks.append(ComponentCheck("R³L reflect-then-retry", f"data.explorer ({name}).retry", "rollout/retry_rate", INVALID_REFLECTIONS))
         if explorer.train_success_judgments:
             checks.append(ComponentCheck(
                 "R³L success judgments", f"data.explorer ({name}).train_success_judgments",
@@ -96,9 +97,7 @@ def component_checks(
         elif explorer.meta_tasks and algorithm.sft_weight > 0:
             checks.append(ComponentCheck("R³L meta-task SFT", f"data.explorer ({name}).meta_tasks", "activity/sft_rows"))
     if isinstance(explorer, ReflectFromScratchExplorer):
-        reflections = Degeneracy("rollout/reflection_invalid_rate", 0.95, "mean", True,
-                                 "nearly every reflection was invalid, so no retry was guided")
-        checks.append(ComponentCheck("Reflect-GRPO retries", f"data.explorer ({name})", "rollout/retry_rate", reflections))
+        checks.append(ComponentCheck("Reflect-GRPO retries", f"data.explorer ({name})", "rollout/retry_rate", INVALID_REFLECTIONS))
     if isinstance(explorer, CritiqueRefineExplorer):
         checks.append(ComponentCheck("Critique-GRPO refinements", f"data.explorer ({name})", "rollout/critique_rate"))
     if replay.enabled:

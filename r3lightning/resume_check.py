@@ -20,8 +20,6 @@ METHOD_KEYS = (
 )
 """Keys that define the method (the objective's ``METHOD_FIELDS``, the warm-start schedule, the policy's
 dtype, LoRA scaling and chat template): a resume that changes one is a different run, done only on request."""
-RESUME_WITH = ("checkpoint", "config")
-"""``--resume_with``: whose values win where the config and the checkpoint differ on a method key."""
 
 
 def plain(value: Any) -> Any:

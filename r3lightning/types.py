@@ -14,11 +14,11 @@ from typing import Any, Iterator, Literal, Optional
 
 import torch
 
-ORIGINS = ("base", "distilled", "replay", "in_context", "reflect_sft", "retry_sft", "gnt_sft", "demo", "off_policy")
+ORIGINS = ("base", "distilled", "replay", "in_context", "reflect_sft", "retry_sft", "demo", "off_policy")
 """Where a trajectory came from. ``*_sft`` and ``demo`` trajectories are trained by the SFT head,
 the others by the RL head. ``off_policy`` marks refinements used by Critique-GRPO."""
 
-SFT_ORIGINS = frozenset({"reflect_sft", "retry_sft", "gnt_sft", "demo"})
+SFT_ORIGINS = frozenset({"reflect_sft", "retry_sft", "demo"})
 
 
 @dataclass

@@ -180,10 +180,6 @@ class ReflectiveSuite(TaskSuite):
             self._train_gnt = train
         return self._train_gnt
 
-    @property
-    def num_train_gnt(self) -> int:
-        return len(self._load())
-
     def teacher_prompts(self) -> dict[str, str]:
         """Context distillation's teacher prompts: the direct prompt (str) of every training question
         with a training GNT -> its reflective prompt (str) with the first of those GNTs in pool order.

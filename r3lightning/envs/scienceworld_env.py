@@ -57,7 +57,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "<action>look around</action>. Action templates (OBJ and LOCATION are names you have seen): "
     f"{ACTION_TEMPLATES}. Focus only on the object the task asks about: focusing on a wrong one fails the task."
 )
-SPLITS = ("train", "dev", "test")
 INVALID_ANSWERS = ("No known action matches that input.",)
 
 

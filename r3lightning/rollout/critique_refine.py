@@ -77,10 +77,6 @@ class CritiqueRefineExplorer:
         text = self.refinement_template.format(attempt="", critique="").strip()
         return GuidanceBudget(text, sampling.max_new_tokens + self.max_critique_tokens)
 
-    def tokenizer_corpus(self, suite) -> list[str]:
-        """This explorer's prompt templates, for a tokenizer trained in memory."""
-        return [self.critique_template, self.refinement_template]
-
     # ---- exploration --------------------------------------------------------------------------
     def critique(self, loop: AgentLoop, trajectories: list[Trajectory], params: SamplingParams) -> list[str]:
         """The policy's critique of each trajectory (stripped text; empty when it wrote nothing), in

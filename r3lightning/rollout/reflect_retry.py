@@ -24,7 +24,6 @@ from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget, sample_groups
 from r3lightning.rollout.reflection import Reflection, Reflector, diagnosis_of, load_template
 from r3lightning.rollout.steps import split_final_turn
-from r3lightning.rollout.warmstart import reflection_corpus
 from r3lightning.types import Group, Trajectory, Turn
 
 
@@ -137,10 +136,6 @@ class ReflectRetryExplorer:
     def step_level(self, loop: AgentLoop) -> bool:
         """Whether pivots are reasoning steps (see ``step_split``)."""
         return self.step_split == "auto" and loop.suite.max_turns == 1
-
-    def tokenizer_corpus(self, suite) -> list[str]:
-        """Texts of this explorer's prompts and example reflections (``warmstart.reflection_corpus``)."""
-        return reflection_corpus(suite, self.reflector)
 
     # ---- exploration --------------------------------------------------------------------------
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:

@@ -44,9 +44,6 @@ class Reflection:
     improvement_suggestion: str
     retry_from_step: int
 
-    def as_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
 
 def parse_reflection(text: str, num_turns: int) -> tuple[Optional[Reflection], str]:
     """Parse a reflection robustly: (reflection, "") or (None, reason). Never raises.

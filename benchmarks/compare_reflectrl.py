@@ -168,6 +168,8 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
     # arms are the exception: their teacher is the student at the switch by construction (the old
     # reading, kept as the control that shows it), which the health check calls degenerate.
     strict = "false" if teacher == "anchor" else "true"
+    from r3lightning.callbacks import InertComponentError
+
     health = ["--health.strict", strict, "--health.after_steps", str(max(rl_steps, 1))]
     try:
         _, report, distill, trace = _fit(
@@ -175,9 +177,7 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
             ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], *health, "--ckpt_path",
              checkpoint, "--resume_with", "config"],  # each arm's own algorithm and teacher over the shared stage 1
         )
-    except ValueError as err:
-        if type(err).__name__ != "InertComponentError":
-            raise
+    except InertComponentError as err:
         result = {"refused": str(err), "wall_s": time.perf_counter() - start}
         Path(result_path).write_text(json.dumps(result))
         return result

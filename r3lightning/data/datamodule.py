@@ -276,8 +276,7 @@ class RolloutDataModule(L.LightningDataModule):
         if not tasks:
             return
         answer = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
-        longest = max(tasks, key=lambda t: len(loop.chat.first_prompt(t.prompt)))
-        prompt = len(loop.chat.first_prompt(longest.prompt))
+        prompt, longest = max(((len(loop.chat.first_prompt(t.prompt)), t) for t in tasks), key=lambda pair: pair[0])
         if prompt + answer > limit:
             raise ValueError(
                 f"data.agent.max_context_tokens ({limit}) cannot hold task {longest.task_id!r}'s prompt ({prompt} tokens) "

@@ -46,8 +46,8 @@ def rollout(args) -> dict:
     from rollout_throughput import build_model, make_prompts
 
     from r3lightning.models import build_tokenizer
-    from r3lightning.rollout.engine import SamplingParams
-    from r3lightning.rollout.hf_engine import HFEngine
+    from r3lightning.engines.base import SamplingParams
+    from r3lightning.engines.hf.engine import HFEngine
 
     corpus = [f"What is {a} + {b}? The answer is \\boxed{{{a + b}}}." for a in range(60) for b in range(0, 60, 7)]
     tokenizer = build_tokenizer(corpus, 1024)

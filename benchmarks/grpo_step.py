@@ -192,8 +192,8 @@ def r3l_worker(args) -> dict:
     from r3lightning.module import R3LightningModule
     from r3lightning.optim import OptimConfig, PhaseConfig
     from r3lightning.rollout.agent_loop import AgentLoopConfig
-    from r3lightning.rollout.engine import SamplingParams
-    from r3lightning.rollout.engine_config import EngineConfig
+    from r3lightning.engines.base import SamplingParams
+    from r3lightning.engines.config import EngineConfig
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

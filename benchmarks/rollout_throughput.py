@@ -42,8 +42,8 @@ import torch  # noqa: E402
 from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
 from r3lightning.models import build_tokenizer  # noqa: E402
-from r3lightning.rollout.engine import SamplingParams  # noqa: E402
-from r3lightning.rollout.hf_engine import HFEngine  # noqa: E402
+from r3lightning.engines.base import SamplingParams  # noqa: E402
+from r3lightning.engines.hf.engine import HFEngine  # noqa: E402
 
 # name -> (hidden, layers, heads, kv heads, intermediate, vocab (0: the tokenizer's), tied)
 MODELS = {
@@ -115,7 +115,7 @@ def batch_sweep(name: str, engine, prompts, params, args) -> dict[str, float]:
 
 
 def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False, for_sync: bool = False):
-    from r3lightning.rollout.vllm_engine import VLLMEngine
+    from r3lightning.engines.vllm.engine import VLLMEngine
 
     kv_cache_gb = args.kv_cache_gb
     if for_sync and torch.cuda.is_available():
@@ -128,7 +128,7 @@ def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False, f
 
 
 def sync_seconds(engine, policy, bucket_mb: int) -> tuple[float, int]:
-    from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
+    from r3lightning.engines.vllm.weights import iter_policy_weights, iter_weight_buckets
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()

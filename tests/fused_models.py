@@ -1,4 +1,4 @@
-"""Models and runs shared by the fused decoding tests (tests/rollout/test_fused_decode.py and
+"""Models and runs shared by the fused decoding tests (tests/engines/test_fused_decode.py and
 test_compiled_decode.py): small llama-family models covering the fused step's branches, and a two-call
 generation that exercises padding, shared prompts and prefix-cache hits."""
 
@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from r3lightning.models import TinyModelSpec, build_tiny_model
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
 
 
 def small_model(config_class, model_class, tokenizer, **extra):

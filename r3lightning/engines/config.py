@@ -7,8 +7,8 @@ from typing import Literal, Optional
 
 import torch
 
-from r3lightning.rollout.engine import RolloutEngine
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import RolloutEngine
+from r3lightning.engines.hf.engine import HFEngine
 
 
 @dataclass
@@ -107,7 +107,7 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> Ro
             fused_compile=config.hf_fused_compile,
         )
     if config.backend == "vllm":
-        from r3lightning.rollout.vllm_engine import VLLMEngine
+        from r3lightning.engines.vllm.engine import VLLMEngine
 
         dtype = config.dtype
         if dtype == "auto":

@@ -4,10 +4,10 @@ tests stay fast on CPU; the inductor and CUDA-graph modes are measured by the be
 
 import torch
 
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.config import EngineConfig, build_engine
+from r3lightning.engines.hf.engine import HFEngine
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.hf_engine import HFEngine
 
 
 def _prompts(tokenizer, n: int = 5):

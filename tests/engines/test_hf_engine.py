@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from r3lightning.algos import selective_log_softmax
+from r3lightning.engines.base import SamplingParams, truncate_at_stop
+from r3lightning.engines.hf.engine import HFEngine, PrefixKVCache, long_tensor
+from r3lightning.engines.hf.fused_step import FusedDecoder
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams, truncate_at_stop
-from r3lightning.rollout.fused_decode import FusedDecoder
-from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache, long_tensor
 
 
 def _prompts(tokenizer):

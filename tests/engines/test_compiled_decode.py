@@ -11,11 +11,11 @@ import pytest
 import torch
 from fused_models import chat_prompts, run_two_calls
 
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.config import EngineConfig, build_engine
+from r3lightning.engines.hf.compiled_step import column_bucket, compiled_graphs
+from r3lightning.engines.hf.engine import HFEngine
 from r3lightning.models import TinyModelSpec, build_tiny_model
-from r3lightning.rollout.compiled_decode import column_bucket, compiled_graphs
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.hf_engine import HFEngine
 
 
 def _assert_same(compiled, eager, atol: float) -> None:

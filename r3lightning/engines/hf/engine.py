@@ -17,10 +17,10 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.generation.configuration_utils import CompileConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
-from r3lightning.rollout.compiled_decode import CompiledFusedStep, StaticDecoding, column_bucket
-from r3lightning.rollout.fused_decode import FusedDecoder, fused_decode_unsupported
-from r3lightning.rollout.sampling import next_tokens
+from r3lightning.engines.base import Generation, SamplingParams, truncate_at_stop
+from r3lightning.engines.hf.compiled_step import CompiledFusedStep, StaticDecoding, column_bucket
+from r3lightning.engines.hf.fused_step import FusedDecoder, fused_decode_unsupported
+from r3lightning.engines.hf.sampling import next_tokens
 
 log = logging.getLogger(__name__)
 
@@ -604,7 +604,7 @@ class HFEngine:
         For every prompt that occurs more than once in the batch, its tokens but the last are run through
         the model once (continuing from its prefix-cache hit, if any), and every row with that prompt
         takes this KV as its cached prefix; ``generate`` then prefills only the last token of each row,
-        as for a prefix-cache hit (same numerics: tests/rollout/test_hf_engine.py). When every row's
+        as for a prefix-cache hit (same numerics: tests/engines/test_hf_engine.py). When every row's
         prompt is shared (and ``whole``), the prompts are encoded whole and their last logits returned
         per row [B, V] (else None): the first token is drawn from them, and the group's rows skip one
         decoding step over the whole batch. On the CPU the fused prefill encodes them when the fused

@@ -9,14 +9,14 @@ from fused_models import chat_prompts, family_models, run_two_calls, small_model
 from transformers import MistralConfig, MistralForCausalLM
 
 from r3lightning.models import TinyModelSpec, build_tiny_model
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.fused_decode import (
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.fused_step import (
     fused_decode_unsupported,
     grouped_decode_attention,
     padded_prefill_attention,
     rotate_half,
 )
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.hf.engine import HFEngine
 
 
 def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_query_group():

@@ -404,7 +404,7 @@ def main() -> None:
     parser.add_argument("--engine-options", default="", help="JSON of extra EngineConfig fields for hf/vllm")
     parser.add_argument("--alt-options", default="",
                         help="JSON of EngineConfig fields for an extra hf_alt variant of the same checkout, interleaved "
-                             "with the others (e.g. '{\"hf_compile\": \"on\"}')")
+                             "with the others (e.g. '{\"hf_decode\": \"fused_compiled\"}')")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -50,7 +50,7 @@ def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_
     steps = []
     step = FusedDecoder.step
     monkeypatch.setattr(FusedDecoder, "step", lambda self, *args: steps.append(1) or step(self, *args))
-    engine = HFEngine(world_policy, world_tokenizer, fused_decode=fused)
+    engine = HFEngine(world_policy, world_tokenizer, decode="fused" if fused else "forward")
     engine.stop_token_ids = {-1}  # every row decodes the whole budget
     prompts = [prompt for prompt in _prompts(world_tokenizer) for _ in range(3)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
@@ -63,7 +63,7 @@ def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_
     reused = engine.stats["reused_prompt_tokens"]
     continued = engine.generate(follow, greedy)
     assert engine.stats["reused_prompt_tokens"] > reused
-    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False, fused_decode=fused)
+    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False, decode="fused" if fused else "forward")
     fresh.stop_token_ids = {-1}
     assert [g.token_ids for g in continued] == [fresh.generate([p], greedy)[0].token_ids for p in follow]
     torch.manual_seed(0)

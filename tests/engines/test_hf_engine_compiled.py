@@ -5,7 +5,6 @@ tests stay fast on CPU; the inductor and CUDA-graph modes are measured by the be
 import torch
 
 from r3lightning.engines.base import SamplingParams
-from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.engines.hf.engine import HFEngine
 from r3lightning.rollout.chat import ChatFormatter
 
@@ -17,7 +16,7 @@ def _prompts(tokenizer, n: int = 5):
 
 
 def _compiled(policy, tokenizer, **kwargs) -> HFEngine:
-    return HFEngine(policy, tokenizer, max_batch_size=16, compile=True, compile_backend="eager", **kwargs)
+    return HFEngine(policy, tokenizer, max_batch_size=16, decode="generate_compiled", compile_backend="eager", **kwargs)
 
 
 def _assert_same(eager, compiled) -> None:
@@ -63,12 +62,7 @@ def test_compiled_sampled_logprobs_match_eager_scoring(world_tokenizer, world_po
 
 
 def test_batch_and_length_buckets(world_tokenizer, world_policy):
-    engine = HFEngine(world_policy, world_tokenizer, max_batch_size=48, compile=True)
+    engine = HFEngine(world_policy, world_tokenizer, max_batch_size=48, decode="generate_compiled")
     assert [engine._batch_bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
     assert [HFEngine._length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
 
-
-def test_engine_config_compile_option(world_tokenizer, world_policy):
-    assert not build_engine(EngineConfig(), world_policy, world_tokenizer).compile  # auto: off on CPU
-    assert build_engine(EngineConfig(hf_compile="on"), world_policy, world_tokenizer).compile
-    assert not build_engine(EngineConfig(hf_compile="off"), world_policy, world_tokenizer).compile

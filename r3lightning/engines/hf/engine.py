@@ -9,7 +9,7 @@ import logging
 import time
 from array import array
 from collections import Counter, OrderedDict
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -23,6 +23,9 @@ from r3lightning.engines.hf.fused_step import FusedDecoder, fused_decode_unsuppo
 from r3lightning.engines.hf.sampling import next_tokens
 
 log = logging.getLogger(__name__)
+
+HFDecode = Literal["forward", "fused", "fused_compiled", "generate_compiled"]
+"""The ``hf`` engine's decoding paths (``HFEngine``'s ``decode``)."""
 
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [kv_heads, L, head_dim]
 
@@ -208,29 +211,31 @@ class HFEngine:
             same (``flush_prefix_cache`` does it at once): between GRPO's single-turn rollouts an
             optimizer step always comes, and the cut (~5 ms of a 64-row rollout) would be thrown away.
         max_cached_tokens: most tokens the prefix cache holds, over all sequences.
-        compile: decode with transformers' ``StaticCache`` and ``torch.compile`` of the decoding step
-            (``generate``'s own compiled path; the prefill stays eager). Shapes are bucketed so a run
-            compiles a handful of times: the batch is padded to a power of two (at most
-            ``max_batch_size``) with copies of its last prompt, whose completions are dropped, and the
-            cache length (prompt + new tokens) is rounded up to a power of two (at least 64). Static
-            caches are kept per bucket and reset before each use (CUDA graphs need fixed addresses).
-        compile_mode: ``torch.compile`` mode of the decoding step (``reduce-overhead``: CUDA graphs,
-            ``default``, ``max-autotune-no-cudagraphs``...); None: ``reduce-overhead`` on CUDA,
-            ``default`` elsewhere.
+        decode: how tokens are decoded (``engine.hf_decode`` less its ``auto``). ``forward``: the
+            model's forward every step. ``fused``: steps that feed one token per row run
+            ``FusedDecoder`` (the model's own modules with query/key/value and gate/up projections
+            fused, grouped-query attention, one prepared mask) instead of the model's forward, for
+            llama, qwen2 and qwen3 models, and on the CPU the prefill runs ``FusedDecoder.prefill``;
+            others keep the forward (each such call counted in ``perf/hf_fused_decode_off``). Holds a
+            copy of the fused projections' weights (most of the model's) while they are current.
+            ``fused_compiled``: as ``fused``, with the one-token decoding steps and the sampler run by
+            ``CompiledFusedStep``: ``FusedDecoder.step_static`` and ``next_tokens`` compiled with
+            ``torch.compile`` (``compile_backend``, ``compile_mode``) over the cache's buffers widened
+            to a multiple of 64 columns; static shapes first, then one graph with the batch size and
+            width symbolic (dynamo's automatic dynamic shapes); after 8 graphs, calls of unseen shapes
+            decode eagerly, counted in ``fused_compile_skipped``. ``generate_compiled``: transformers'
+            ``generate`` with its ``StaticCache`` and ``torch.compile`` of the decoding step (the
+            prefill stays eager; a prompt shared by several rows is encoded first, as under ``fused``).
+            Shapes are bucketed so a run compiles a handful of times: the batch is padded to a power of
+            two (at most ``max_batch_size``) with copies of its last prompt, whose completions are
+            dropped, and the cache length (prompt + new tokens) is rounded up to a power of two (at
+            least 64). Static caches are kept per bucket and reset before each use (CUDA graphs need
+            fixed addresses).
+        compile_mode: ``torch.compile`` mode of the compiled paths (``reduce-overhead``: CUDA graphs,
+            ``default``, ``max-autotune-no-cudagraphs``...); None: for ``generate_compiled``
+            ``reduce-overhead`` on CUDA and ``default`` elsewhere, for ``fused_compiled`` torch's default.
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``eager``, which traces the
             same graphs in seconds without generating code).
-        fused_decode: on the eager path, steps that feed one token per row run ``FusedDecoder`` (the
-            model's own modules with query/key/value and gate/up projections fused, grouped-query
-            attention, one prepared mask) instead of the model's forward, for llama, qwen2 and qwen3
-            models, and on the CPU the prefill runs ``FusedDecoder.prefill``; others keep the forward
-            (each such call counted in ``perf/hf_fused_decode_off``).
-            Holds a copy of the fused projections' weights (most of the model's) while they are current.
-        fused_compile: with ``fused_decode`` (and without ``compile``), the one-token decoding steps and
-            the sampler run ``CompiledFusedStep``: ``FusedDecoder.step_static`` and ``next_tokens``
-            compiled with ``torch.compile`` (``compile_backend``, ``compile_mode``) over the cache's
-            buffers widened to a multiple of 64 columns; static shapes first, then one graph with the
-            batch size and width symbolic (dynamo's automatic dynamic shapes); after 8 graphs, calls
-            of unseen shapes decode eagerly, counted in ``fused_compile_skipped``.
     """
 
     def __init__(
@@ -240,12 +245,12 @@ class HFEngine:
         max_batch_size: int = 64,
         prefix_cache: bool = True,
         max_cached_tokens: int = 65536,
-        compile: bool = False,
+        decode: HFDecode = "fused",
         compile_mode: Optional[str] = None,
         compile_backend: str = "inductor",
-        fused_decode: bool = True,
-        fused_compile: bool = False,
     ) -> None:
+        if decode not in get_args(HFDecode):
+            raise ValueError(f"HFEngine: decode must be one of {', '.join(get_args(HFDecode))}, got {decode!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -256,12 +261,10 @@ class HFEngine:
         self._cached_under: Optional[tuple] = None
         self._unstored: Optional[tuple] = None  # the last call's (sequences, attention mask, cache) for _store
         self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0, "fused_compile_skipped": 0}
-        self.fused_decode = fused_decode
+        self.decode = decode
         self._fused: Optional[FusedDecoder] = None
         self._fused_off_reason: Optional[str] = None
-        self.fused_compile = fused_compile
         self._compiled_step: Optional[CompiledFusedStep] = None
-        self.compile = compile
         self.compile_mode = compile_mode
         self.compile_backend = compile_backend
         self._static_caches: dict[tuple[int, int], StaticCache] = {}
@@ -276,18 +279,18 @@ class HFEngine:
     def metrics(self) -> dict[str, float]:
         """Figures the module logs each step: the cache hit rate so far, and how often the model's
         cache type forced the prefix cache off (a fallback to full prefill) and how many generate calls
-        decoded with the model's forward although fused decoding was asked for; with ``compile``, the
-        shape buckets compiled so far and the seconds their first calls took; with ``fused_compile``,
+        decoded with the model's forward although fused decoding was asked for; with ``generate_compiled``, the
+        shape buckets compiled so far and the seconds their first calls took; with ``fused_compiled``,
         the compiled step's graphs, the seconds of the calls that compiled them and the calls refused one."""
         figures = {
             "perf/prefix_cache_hit_rate": self.cache_hit_rate(),
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
             "perf/hf_fused_decode_off": float(self.stats["fused_decode_off"]),
         }
-        if self.compile:
+        if self.decode == "generate_compiled":
             figures["perf/hf_compiled_buckets"] = float(len(self.first_call_s))
             figures["perf/hf_compile_first_call_s"] = float(sum(self.first_call_s.values()))
-        if self.fused_compile and not self.compile:
+        if self.decode == "fused_compiled":
             step = self._compiled_step
             figures["perf/hf_fused_compile_graphs"] = float(step.graphs if step is not None else 0)
             figures["perf/hf_fused_compile_s"] = float(sum(step.compile_s.values()) if step is not None else 0)
@@ -300,7 +303,7 @@ class HFEngine:
         count of distinct graphs."""
         from torch._dynamo.utils import counters
 
-        if self.fused_compile and not self.compile:
+        if self.decode == "fused_compiled":
             step = self._compiled_step
             return {
                 "fused_compile": True,
@@ -310,7 +313,7 @@ class HFEngine:
                 "skipped_calls": self.stats["fused_compile_skipped"],
                 "unique_graphs": int(counters["stats"]["unique_graphs"]),
             }
-        if not self.compile:
+        if self.decode != "generate_compiled":
             return {"compile": False}
         return {
             "compile": True,
@@ -382,18 +385,18 @@ class HFEngine:
         self.model.eval()
         try:
             # transformers' compiled generate needs an uncached token per row to start from.
-            cached, first_logits = self._share_repeated_prompts(prompts, cached, device, whole=not self.compile)
+            cached, first_logits = self._share_repeated_prompts(prompts, cached, device, whole=self.decode != "generate_compiled")
         finally:
             self.model.train(was_training)
         batch_prompts, batch_cached, bucket = prompts, cached, None
-        if self.compile:
+        if self.decode == "generate_compiled":
             padded = self._batch_bucket(rows)
             batch_prompts = prompts + [prompts[-1]] * (padded - rows)  # dropped after generation
             batch_cached = cached + [cached[-1]] * (padded - rows)
         input_ids, attention_mask, past = self._batch_inputs(batch_prompts, batch_cached, device, params.max_new_tokens)
         width = input_ids.shape[1]
         compile_kwargs = {}
-        if self.compile:
+        if self.decode == "generate_compiled":
             bucket = (len(batch_prompts), self._length_bucket(width + params.max_new_tokens))
             past = self._static_cache(bucket, past)
             config = CompileConfig(fullgraph=False, dynamic=False, backend=self.compile_backend, mode=self._mode())
@@ -402,7 +405,7 @@ class HFEngine:
         self.model.eval()
         start = time.perf_counter()
         try:
-            if self.compile:
+            if self.decode == "generate_compiled":
                 new_tokens, logprobs, cache = self._generate_compiled(input_ids, attention_mask, past, params, compile_kwargs)
             else:
                 new_tokens, logprobs, cache = self._decode(input_ids, attention_mask, past, params, first_logits)
@@ -443,7 +446,7 @@ class HFEngine:
         from them and nothing is prefilled. Rows that emitted a stop token (or completed a stop string) are
         fed the pad token afterwards; the loop ends when every row has finished or the budget is spent.
         The next token and its log-prob come from ``next_tokens`` (greedy: the arg max; sampling:
-        ``sample_tokens``), inside the compiled step with ``fused_compile``. Only the tokenizer's stop
+        ``sample_tokens``), inside the compiled step with ``fused_compiled``. Only the tokenizer's stop
         tokens end a row: a checkpoint's ``generation_config`` (repetition penalty, its own sampling
         defaults) does not apply, as in the vllm engine, so behaviour log-probs are exactly
         log softmax(logits / temperature) of the distribution drawn from (with ``top_p`` 1).
@@ -473,7 +476,7 @@ class HFEngine:
             if step == 0 and first_logits is not None:
                 logits = first_logits
             elif fused is not None and step_ids.shape[1] == 1:  # one new column per row (the prefill too, after a cache hit)
-                if self.fused_compile and static is None and step == first_decode_step:
+                if self.decode == "fused_compiled" and static is None and step == first_decode_step:
                     static = self._static_decoding(fused, past, additive, input_ids.shape[1] + params.max_new_tokens, params)
                 if static is not None:
                     token, logprob = static.step(step_ids[:, 0], step_positions[:, 0], draw, params.temperature, params.top_p)
@@ -528,7 +531,7 @@ class HFEngine:
         """The fused decoding step for this call's decoding steps, or None: not asked for, or a model or
         cache it does not cover (then the model's forward decodes; counted in ``fused_decode_off``
         unless ``count_fallback`` is False: the shared-prompt prefill leaves the count to ``_decode``)."""
-        if not self.fused_decode:
+        if self.decode == "forward":  # generate_compiled too: its shared-prompt prefill
             return None
         if self._fused is None and self._fused_off_reason is None:
             self._fused_off_reason = fused_decode_unsupported(self.model)

@@ -7,7 +7,8 @@ import torch
 
 from r3lightning.algos import selective_log_softmax
 from r3lightning.engines.base import SamplingParams, truncate_at_stop
-from r3lightning.engines.hf.engine import HFEngine, PrefixKVCache, long_tensor
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.hf.kv_cache import PrefixKVCache, batch_inputs, long_tensor
 from r3lightning.engines.hf.fused_step import FusedDecoder
 from r3lightning.rollout.chat import ChatFormatter
 
@@ -195,13 +196,12 @@ def test_long_tensor_equals_torch_tensor_on_cpu_whatever_the_default_device():
     assert made[2].shape == (0,)
 
 
-def test_batch_layout_and_cached_prefixes_written_into_the_growing_buffer(world_tokenizer, world_policy):
+def test_batch_layout_and_cached_prefixes_written_into_the_growing_buffer(world_tokenizer):
     # Row 0 has 2 cached tokens and 1 to prefill, row 1 nothing cached and 3 to prefill: cached parts
     # are left-padded to 2 columns, suffixes to 3, so both rows end at column 5.
-    engine = HFEngine(world_policy, world_tokenizer)
     pad = world_tokenizer.pad_token_id
     keys, values = torch.arange(4.0).view(1, 2, 2), -torch.arange(4.0).view(1, 2, 2)  # [KVH, 2 cached, D]
-    ids, mask, past = engine._batch_inputs([[5, 6, 7], [9, 10, 11]], [(2, [(keys, values)]), (0, None)], torch.device("cpu"), new_tokens=3)
+    ids, mask, past = batch_inputs([[5, 6, 7], [9, 10, 11]], [(2, [(keys, values)]), (0, None)], pad, torch.device("cpu"), new_tokens=3)
     assert ids.tolist() == [[5, 6, pad, pad, 7], [pad, pad, 9, 10, 11]]
     assert mask.tolist() == [[1, 1, 0, 0, 1], [0, 0, 1, 1, 1]]
     layer = past.layers[0]

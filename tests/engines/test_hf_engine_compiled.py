@@ -6,6 +6,7 @@ import torch
 
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.hf.generate_compiled import CompiledGenerate
 from r3lightning.rollout.chat import ChatFormatter
 
 
@@ -39,8 +40,8 @@ def test_compiled_greedy_equals_eager_and_prefix_cache_keeps_working(world_token
     assert compiled.stats["reused_prompt_tokens"] == eager.stats["reused_prompt_tokens"] > 0
     assert compiled.cache_hit_rate() == eager.cache_hit_rate()
     # 5 prompts pad to a batch of 8; lengths fall in few power-of-two buckets.
-    assert {batch for batch, _ in compiled.first_call_s} == {8}
-    assert len(compiled.first_call_s) <= 2
+    assert {batch for batch, _ in compiled.compiled_generate.first_call_s} == {8}
+    assert len(compiled.compiled_generate.first_call_s) <= 2
     stats = compiled.compile_stats()
     assert stats["compile"] and stats["buckets"] and "perf/hf_compiled_buckets" in compiled.metrics()
 
@@ -62,7 +63,7 @@ def test_compiled_sampled_logprobs_match_eager_scoring(world_tokenizer, world_po
 
 
 def test_batch_and_length_buckets(world_tokenizer, world_policy):
-    engine = HFEngine(world_policy, world_tokenizer, max_batch_size=48, decode="generate_compiled")
-    assert [engine._batch_bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
-    assert [HFEngine._length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
+    compiled = HFEngine(world_policy, world_tokenizer, max_batch_size=48, decode="generate_compiled").compiled_generate
+    assert [compiled.batch_bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
+    assert [CompiledGenerate.length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
 

@@ -1,25 +1,23 @@
-"""The ``hf`` engine: ``generate`` on the live policy module (no weight sync needed), with the KV cache
-of each finished sequence kept so that the next turn of a multi-turn episode prefills only its new
-tokens."""
+"""The ``hf`` engine: decoding on the live policy module (no weight sync needed), with the KV cache of
+each finished sequence kept so that the next turn of a multi-turn episode prefills only its new tokens.
+The caches are in ``kv_cache``, the fused and compiled decoding steps in ``fused_step`` and
+``compiled_step``, transformers' compiled ``generate`` in ``generate_compiled``."""
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
-from array import array
-from collections import Counter, OrderedDict
 from typing import Literal, Optional, get_args
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
-from transformers.generation.configuration_utils import CompileConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from r3lightning.engines.base import Generation, SamplingParams, truncate_at_stop
 from r3lightning.engines.hf.compiled_step import CompiledFusedStep, StaticDecoding, column_bucket
 from r3lightning.engines.hf.fused_step import FusedDecoder, fused_decode_unsupported
+from r3lightning.engines.hf.generate_compiled import CompiledGenerate
+from r3lightning.engines.hf.kv_cache import GrowingLayer, LayerKV, PrefixKVCache, batch_inputs, long_tensor
 from r3lightning.engines.hf.sampling import next_tokens
 
 log = logging.getLogger(__name__)
@@ -27,174 +25,10 @@ log = logging.getLogger(__name__)
 HFDecode = Literal["forward", "fused", "fused_compiled", "generate_compiled"]
 """The ``hf`` engine's decoding paths (``HFEngine``'s ``decode``)."""
 
-LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [kv_heads, L, head_dim]
-
-
-class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` that appends into spare capacity instead of concatenating.
-
-    ``DynamicLayer.update`` is ``torch.cat([cache, new])``: every decoding step copies the whole cache
-    of every layer, an O(context) copy per generated token that no batch size amortizes (in multi-turn
-    episodes with long contexts it was a sixth of the agent loop's time). Here the keys and values live
-    in a buffer of ``capacity`` columns (doubled when full) and the layer's ``keys`` / ``values`` are
-    views of its first columns, so a step writes one column. Attention reads the same values either way.
-    Methods that replace ``keys`` (``crop`` keeps a view of the buffer; ``batch_select_indices`` makes a
-    new tensor) stay correct: a ``keys`` that is no longer a view of the buffer is copied into a new one.
-    """
-
-    def __init__(self, capacity: int = 0) -> None:
-        super().__init__()
-        self.capacity = capacity
-        self._buffer: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length = self.keys.shape[-2] if self.keys.numel() else 0
-        end = length + key_states.shape[-2]
-        buffer = self._buffer
-        fits = (
-            buffer is not None
-            and buffer[0].shape[-2] >= end
-            and buffer[0].shape[:2] == key_states.shape[:2]
-            and buffer[1].shape[:2] == value_states.shape[:2]
-            and (length == 0 or (self.keys.data_ptr() == buffer[0].data_ptr() and self.values.data_ptr() == buffer[1].data_ptr()))
-        )
-        if not fits:
-            capacity = max(self.capacity, 2 * end, 64)
-            keys = key_states.new_empty((*key_states.shape[:2], capacity, key_states.shape[-1]))
-            values = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[-1]))
-            if length:
-                keys[:, :, :length] = self.keys
-                values[:, :, :length] = self.values
-            buffer = self._buffer = (keys, values)
-        buffer[0][:, :, length:end] = key_states
-        buffer[1][:, :, length:end] = value_states
-        self.keys, self.values = buffer[0][:, :, :end], buffer[1][:, :, :end]
-        return self.keys, self.values
-
-    def hold(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
-        """Take ``keys`` / ``values`` [B, KVH, C, D] as this layer's buffers, their first ``filled`` columns written."""
-        self.lazy_initialization(keys, values)
-        self._buffer = (keys, values)
-        self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
-
-    def fixed_buffer(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers [B, KVH, capacity, D] holding this layer's columns, for steps that
-        write into them directly (``FusedDecoder.step_static``): exactly ``capacity`` columns (static
-        shapes for ``torch.compile``), zero beyond the filled ones (attention reads them, masked)."""
-        length = self.keys.shape[-2]
-        buffer = self._buffer
-        if buffer is None or buffer[0].shape[-2] != capacity or self.keys.data_ptr() != buffer[0].data_ptr():
-            keys = self.keys.new_zeros((*self.keys.shape[:2], capacity, self.keys.shape[-1]))
-            values = self.values.new_zeros((*self.values.shape[:2], capacity, self.values.shape[-1]))
-            keys[:, :, :length] = self.keys
-            values[:, :, :length] = self.values
-            buffer = self._buffer = (keys, values)
-        else:
-            buffer[0][:, :, length:].zero_()
-            buffer[1][:, :, length:].zero_()
-        self.capacity = capacity
-        self.keys, self.values = buffer[0][:, :, :length], buffer[1][:, :, :length]
-        return buffer
-
-    def cover(self, end: int) -> None:
-        """Make ``keys`` / ``values`` the buffer's first ``end`` columns (after direct writes)."""
-        self.keys, self.values = self._buffer[0][:, :, :end], self._buffer[1][:, :, :end]
-
-
-def growing_cache(capacity: int, layers: Optional[LayerKV] = None, filled: int = 0) -> DynamicCache:
-    """A ``DynamicCache`` of ``GrowingLayer`` s with room for ``capacity`` tokens; with ``layers``
-    (batch keys / values per layer, [B, kv_heads, capacity, head_dim]), those are its buffers, their
-    first ``filled`` columns written (no copy: a batch-64 multi-turn call's context is megabytes)."""
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = functools.partial(GrowingLayer, capacity)
-    for keys, values in layers or []:
-        layer = GrowingLayer(capacity)
-        layer.hold(keys, values, filled)
-        cache.layers.append(layer)
-    return cache
-
-
-def long_tensor(values) -> torch.Tensor:
-    """``values`` (a list or ``array("q")`` of ints) as a CPU int64 tensor [N]. Through an ``array``:
-    ``torch.tensor`` converts a list of Python ints element by element, ~4x slower (a 600-token prompt:
-    33 us against 9 us), and a batch-64 multi-turn call converts a few hundred such lists."""
-    values = values if isinstance(values, array) else array("q", values)
-    return torch.frombuffer(values, dtype=torch.long) if len(values) else torch.empty(0, dtype=torch.long, device="cpu")
-
-
-class PrefixKVCache:
-    """Key/value tensors of finished sequences, keyed by their token ids, least recently used first out.
-
-    A multi-turn episode's next prompt is its previous prompt + completion + the new observation, so
-    the longest stored sequence that prefixes a prompt covers all but the newest tokens. Holds at most
-    ``max_tokens`` tokens in all. Lookups compare one hash per stored length, not token lists: the
-    prompt's prefix hashes come from one vectorized cumulative sum (of token x a random weight per
-    position, wrapping in int64); a hash match is then confirmed on the tokens.
-    """
-
-    def __init__(self, max_tokens: int, seed: int = 0) -> None:
-        self.max_tokens = max_tokens
-        self.entries: OrderedDict[tuple[int, ...], tuple[int, LayerKV]] = OrderedDict()  # key -> (hash, kv)
-        self.by_hash: dict[tuple[int, int], tuple[int, ...]] = {}  # (length, hash) -> key
-        self.lengths: Counter[int] = Counter()
-        self.tokens = 0
-        self._generator = torch.Generator().manual_seed(seed)
-        # Hashing stays on the CPU whatever the default device (Lightning builds the engine under
-        # ``trainer.init_module()``, which makes new tensors land on the GPU).
-        self._weights = torch.empty(0, dtype=torch.long, device="cpu")
-
-    def _weighted(self, token_ids: list[int]) -> torch.Tensor:
-        if len(token_ids) > len(self._weights):
-            extra = torch.randint(-(2**62), 2**62, (max(len(token_ids), 1024) - len(self._weights),), generator=self._generator)
-            self._weights = torch.cat([self._weights, extra])
-        return long_tensor(token_ids) * self._weights[: len(token_ids)]
-
-    def longest_prefix(self, prompt: list[int]) -> tuple[int, Optional[LayerKV]]:
-        """(length, kv) of the longest stored sequence that is a proper prefix of ``prompt`` (at least
-        one prompt token is left to prefill: generation needs the last prompt token's logits)."""
-        if not self.entries or len(prompt) < 2:
-            return 0, None
-        hashes = torch.cumsum(self._weighted(prompt[:-1]), dim=0).tolist()  # hashes[i]: prompt[: i + 1]
-        for length in sorted((n for n in self.lengths if n < len(prompt)), reverse=True):
-            key = self.by_hash.get((length, hashes[length - 1]))
-            if key is not None and tuple(prompt[:length]) == key:
-                self.entries.move_to_end(key)
-                return length, self.entries[key][1]
-        return 0, None
-
-    def put(self, token_ids: list[int], kv: LayerKV) -> None:
-        key = tuple(token_ids)
-        if not key or len(key) > self.max_tokens:
-            return
-        if key in self.entries:
-            self._remove(key)
-        digest = int(self._weighted(token_ids).sum())
-        self.entries[key] = (digest, kv)
-        self.by_hash[(len(key), digest)] = key
-        self.lengths[len(key)] += 1
-        self.tokens += len(key)
-        while self.tokens > self.max_tokens:
-            self._remove(next(iter(self.entries)))
-
-    def _remove(self, key: tuple[int, ...]) -> None:
-        digest, _ = self.entries.pop(key)
-        self.by_hash.pop((len(key), digest), None)
-        self.lengths[len(key)] -= 1
-        if not self.lengths[len(key)]:
-            del self.lengths[len(key)]
-        self.tokens -= len(key)
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.by_hash.clear()
-        self.lengths.clear()
-        self.tokens = 0
-
 
 class HFEngine:
-    """Batched sampling with Hugging Face ``generate`` on the very module being trained.
+    """Batched sampling on the very module being trained: the engine's own decoding loop, or transformers'
+    compiled ``generate`` (``decode``).
 
     Because it shares the trainer's parameters, every rollout sees the latest optimizer step;
     ``weight_version`` is advanced by the module after each step for bookkeeping only.
@@ -267,10 +101,10 @@ class HFEngine:
         self._compiled_step: Optional[CompiledFusedStep] = None
         self.compile_mode = compile_mode
         self.compile_backend = compile_backend
-        self._static_caches: dict[tuple[int, int], StaticCache] = {}
         self._plain_layers: Optional[bool] = None
-        # Per (batch, cache length) bucket: seconds of its first generate call (compilation included).
-        self.first_call_s: dict[tuple[int, int], float] = {}
+        self.compiled_generate = (
+            CompiledGenerate(model, tokenizer, max_batch_size, compile_mode, compile_backend) if decode == "generate_compiled" else None
+        )
 
     def cache_hit_rate(self) -> float:
         """Share of all prompt tokens so far whose KV came from the prefix cache."""
@@ -287,9 +121,8 @@ class HFEngine:
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
             "perf/hf_fused_decode_off": float(self.stats["fused_decode_off"]),
         }
-        if self.decode == "generate_compiled":
-            figures["perf/hf_compiled_buckets"] = float(len(self.first_call_s))
-            figures["perf/hf_compile_first_call_s"] = float(sum(self.first_call_s.values()))
+        if self.compiled_generate is not None:
+            figures.update(self.compiled_generate.metrics())
         if self.decode == "fused_compiled":
             step = self._compiled_step
             figures["perf/hf_fused_compile_graphs"] = float(step.graphs if step is not None else 0)
@@ -313,20 +146,9 @@ class HFEngine:
                 "skipped_calls": self.stats["fused_compile_skipped"],
                 "unique_graphs": int(counters["stats"]["unique_graphs"]),
             }
-        if self.decode != "generate_compiled":
+        if self.compiled_generate is None:
             return {"compile": False}
-        return {
-            "compile": True,
-            "mode": self._mode(),
-            "buckets": [list(b) for b in self.first_call_s],
-            "first_call_s": {f"{b}x{n}": round(t, 3) for (b, n), t in self.first_call_s.items()},
-            "unique_graphs": int(counters["stats"]["unique_graphs"]),
-        }
-
-    def _mode(self) -> str:
-        if self.compile_mode:
-            return self.compile_mode
-        return "reduce-overhead" if next(self.model.parameters()).device.type == "cuda" else "default"
+        return self.compiled_generate.stats()
 
     def _full_attention_only(self) -> bool:
         """Whether every layer of the model's own cache is a plain ``DynamicLayer`` (no sliding window,
@@ -338,13 +160,6 @@ class HFEngine:
             except Exception:  # noqa: BLE001 - an unusual config: keep transformers' default cache
                 self._plain_layers = False
         return self._plain_layers
-
-    def _batch_bucket(self, n: int) -> int:
-        return min(1 << max(n - 1, 0).bit_length(), max(self.max_batch_size, n))
-
-    @staticmethod
-    def _length_bucket(n: int) -> int:
-        return max(64, 1 << max(n - 1, 0).bit_length())
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -381,38 +196,29 @@ class HFEngine:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["reused_prompt_tokens"] += sum(n for n, _ in cached)
         rows = len(prompts)
+        compiled = self.compiled_generate
         was_training = self.model.training
         self.model.eval()
         try:
             # transformers' compiled generate needs an uncached token per row to start from.
-            cached, first_logits = self._share_repeated_prompts(prompts, cached, device, whole=self.decode != "generate_compiled")
+            cached, first_logits = self._share_repeated_prompts(prompts, cached, device, whole=compiled is None)
         finally:
             self.model.train(was_training)
-        batch_prompts, batch_cached, bucket = prompts, cached, None
-        if self.decode == "generate_compiled":
-            padded = self._batch_bucket(rows)
-            batch_prompts = prompts + [prompts[-1]] * (padded - rows)  # dropped after generation
-            batch_cached = cached + [cached[-1]] * (padded - rows)
-        input_ids, attention_mask, past = self._batch_inputs(batch_prompts, batch_cached, device, params.max_new_tokens)
-        width = input_ids.shape[1]
-        compile_kwargs = {}
-        if self.decode == "generate_compiled":
-            bucket = (len(batch_prompts), self._length_bucket(width + params.max_new_tokens))
-            past = self._static_cache(bucket, past)
-            config = CompileConfig(fullgraph=False, dynamic=False, backend=self.compile_backend, mode=self._mode())
-            config._compile_all_devices = True  # transformers compiles on CUDA only unless this is set
-            compile_kwargs = dict(compile_config=config, disable_compile=False)
+        # The compiled path's padding rows are dropped after generation.
+        batch_prompts, batch_cached = (prompts, cached) if compiled is None else compiled.pad(prompts, cached)
+        input_ids, attention_mask, past = batch_inputs(
+            batch_prompts, batch_cached, self.tokenizer.pad_token_id, device, params.max_new_tokens, self._full_attention_only()
+        )
         self.model.eval()
-        start = time.perf_counter()
         try:
-            if self.decode == "generate_compiled":
-                new_tokens, logprobs, cache = self._generate_compiled(input_ids, attention_mask, past, params, compile_kwargs)
+            if compiled is not None:
+                new_tokens, logprobs, cache = compiled.generate(input_ids, attention_mask, past, params, self.stop_token_ids)
             else:
                 new_tokens, logprobs, cache = self._decode(input_ids, attention_mask, past, params, first_logits)
         finally:
             self.model.train(was_training)
-        if bucket is not None and bucket not in self.first_call_s:
-            self.first_call_s[bucket] = time.perf_counter() - start
+        if compiled is not None and not all(type(layer) is StaticLayer for layer in cache.layers):
+            self.prefix_cache = None  # sliding-window layers keep a ring buffer: no per-row prefix re-padding
         new_tokens, logprobs = new_tokens[:rows].cpu(), logprobs[:rows].float().cpu()
         budget_hit = new_tokens.shape[1] >= params.max_new_tokens
         generations = [
@@ -548,57 +354,6 @@ class HFEngine:
             log.warning("hf engine: fused decoding off (%s); the model's forward decodes", reason)
         return None
 
-    def _generate_compiled(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: StaticCache, params: SamplingParams,
-        compile_kwargs: dict,
-    ) -> tuple[torch.Tensor, torch.Tensor, StaticCache]:
-        """``_decode``'s result from transformers' ``generate`` with its compiled decoding step (the static
-        cache ``past`` holds the cached columns); it samples with ``torch.multinomial``."""
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past,
-            do_sample=not params.greedy,
-            temperature=params.temperature if not params.greedy else None,
-            top_p=params.top_p if not params.greedy else None,
-            top_k=None,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=sorted(self.stop_token_ids),
-            pad_token_id=self.tokenizer.pad_token_id,
-            stop_strings=params.stop or None,
-            tokenizer=self.tokenizer if params.stop else None,
-            return_dict_in_generate=True,
-            output_logits=True,
-            **compile_kwargs,
-        )
-        new_tokens = out.sequences[:, input_ids.shape[1] :]
-        scale = params.temperature if not params.greedy else 1.0
-        logits = torch.stack(out.logits, dim=1).float()
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        return new_tokens, logprobs, out.past_key_values
-
-    def _static_cache(self, bucket: tuple[int, int], prefix: Optional[DynamicCache]) -> StaticCache:
-        """This bucket's static cache, reset, holding ``prefix`` (the batch's cached prefixes, if any)
-        in its first columns."""
-        batch, length = bucket
-        cache = self._static_caches.get(bucket)
-        if cache is None:
-            cache = self._static_caches[bucket] = StaticCache(config=self.model.config, max_cache_len=length)
-            if not all(type(layer) is StaticLayer for layer in cache.layers):
-                # Sliding-window layers keep a ring buffer: no per-row prefix re-padding.
-                self.prefix_cache = None
-        else:
-            cache.reset()
-        if prefix is not None:
-            for layer, (keys, values) in zip(cache.layers, ((lay.keys, lay.values) for lay in prefix.layers)):
-                if not layer.is_initialized:
-                    layer.lazy_initialization(keys, values)
-                columns = keys.shape[2]
-                layer.keys[:, :, :columns].copy_(keys)
-                layer.values[:, :, :columns].copy_(values)
-                layer.cumulative_length.fill_(columns)
-        return cache
-
     def _share_repeated_prompts(
         self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device, whole: bool = True
     ) -> tuple[list[tuple[int, Optional[LayerKV]]], Optional[torch.Tensor]]:
@@ -621,7 +376,9 @@ class HFEngine:
         if not shared:
             return cached, None
         heads = [prompts[rows[0]] if whole else prompts[rows[0]][:-1] for rows in shared]
-        input_ids, attention_mask, past = self._batch_inputs(heads, [cached[rows[0]] for rows in shared], device)
+        input_ids, attention_mask, past = batch_inputs(
+            heads, [cached[rows[0]] for rows in shared], self.tokenizer.pad_token_id, device, full_attention_only=self._full_attention_only()
+        )
         start = past.get_seq_length() if past is not None else 0
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)[:, start:]
         fused = self._fused_decoder(past, count_fallback=False) if device.type == "cpu" else None  # as in _decode
@@ -650,83 +407,12 @@ class HFEngine:
                 group_of_row[row] = index
         return cached, logits.float()[long_tensor(group_of_row).to(logits.device)] if whole else None
 
-    def _batch_inputs(
-        self, prompts: list[list[int]], cached: list[tuple[int, Optional[LayerKV]]], device: torch.device, new_tokens: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor, Optional[DynamicCache]]:
-        """Token ids and attention mask [B, C + S] and the batch cache of length C.
-
-        Row i is laid out as ``pad | cached prefix (c_i) | pad | uncached suffix``: the cached parts are
-        left-padded to the longest cached prefix C and the suffixes to the longest suffix S, so every
-        row ends at the same column and decoding appends in lockstep. Padding in the middle is only
-        masked out; position ids follow the mask, so each row sees itself as unpadded.
-        """
-        pad = self.tokenizer.pad_token_id
-        cache_width = max(n for n, _ in cached)
-        suffix_width = max(len(p) - n for p, (n, _) in zip(prompts, cached))
-        width = cache_width + suffix_width
-        ids = array("q")
-        for prompt, (n, _) in zip(prompts, cached):
-            ids.extend([pad] * (cache_width - n) + prompt[:n] + [pad] * (suffix_width - (len(prompt) - n)) + prompt[n:])
-        input_ids = long_tensor(ids).view(len(prompts), width)
-        cached_lengths = long_tensor([n for n, _ in cached])[:, None]
-        suffix_lengths = long_tensor([len(p) for p in prompts])[:, None] - cached_lengths
-        column = torch.arange(width, device="cpu")[None]
-        attended = ((column >= cache_width - cached_lengths) & (column < cache_width)) | (column >= width - suffix_lengths)
-        attention_mask = attended.long()
-        if cache_width == 0:
-            # Models with sliding-window or linear-attention layers get transformers' own cache.
-            past = growing_cache(width + new_tokens) if self._full_attention_only() else None
-            return input_ids.to(device), attention_mask.to(device), past
-        # Rows that share a cached prefix (a group's prompt, one prefix-cache entry) are filled in one copy.
-        rows_of: dict[int, tuple[int, LayerKV, list[int]]] = {}
-        for row, (n, kv) in enumerate(cached):
-            if kv is not None:
-                rows_of.setdefault(id(kv), (n, kv, []))[2].append(row)
-        groups = [(n, kv, torch.tensor(rows)) for n, kv, rows in rows_of.values()]
-        # The cache's buffers are allocated at their final width and the prefixes written into them once.
-        capacity = max(width + new_tokens, 64)
-        layers = []
-        for layer, (ref_k, ref_v) in enumerate(groups[0][1]):
-            keys = ref_k.new_zeros((len(prompts), ref_k.shape[0], capacity, ref_k.shape[2]))
-            values = ref_v.new_zeros((len(prompts), ref_v.shape[0], capacity, ref_v.shape[2]))
-            for n, kv, rows in groups:
-                keys[rows, :, cache_width - n : cache_width] = kv[layer][0]
-                values[rows, :, cache_width - n : cache_width] = kv[layer][1]
-            layers.append((keys, values))
-        return input_ids.to(device), attention_mask.to(device), growing_cache(capacity, layers, filled=cache_width)
-
     def _store(self, sequences: list[list[int]], attention_mask: torch.Tensor, cache) -> None:
-        """Keep each row's KV for its sequence: prompt + completion minus its last token (never fed to the
-        model), ``attention_mask`` [B, W] marking the prompt's columns of ``cache``.
-
-        The rows' entries are views of one tensor gathered for the whole call, so that tensor lives
-        until the last of them is evicted; entries of one call are stored together and age together, so
-        in practice they leave the cache together."""
+        """Cut the last call's rows into prefix-cache entries (``PrefixKVCache.put_rows``); a cache whose
+        layers do not keep every column switches the prefix cache off, counted."""
         if not all(type(layer) in (DynamicLayer, GrowingLayer, StaticLayer) for layer in cache.layers):
             # Sliding-window or linear-attention caches cannot be cut and re-padded per row.
             self.stats["prefix_cache_unsupported"] += 1
             self.prefix_cache = None
             return
-        # Each row keeps its attended prompt columns and the columns of its fed completion tokens,
-        # gathered for all rows at once (one index per layer) and cut per row.
-        width = attention_mask.shape[1]
-        device = attention_mask.device
-        lengths = [len(sequence) for sequence in sequences]
-        row_lengths = long_tensor(lengths).to(device)
-        attended = attention_mask.sum(dim=1)  # [B] prompt columns per row
-        prompt_columns = torch.argsort(attention_mask == 0, dim=1, stable=True)  # attended columns first, in order
-        j = torch.arange(max(max(lengths), 1), device=device)[None]  # [1, longest]
-        index = torch.where(
-            j < attended[:, None],
-            prompt_columns.gather(1, j.clamp(max=width - 1).expand(len(sequences), -1)),
-            width + j - attended[:, None],  # completion columns follow the cached width
-        )
-        index = torch.where(j < row_lengths[:, None], index, 0)  # [B, longest]
-        rows = torch.arange(len(sequences), device=device)[:, None]
-        gathered = [
-            (layer.keys[rows, :, index].transpose(1, 2), layer.values[rows, :, index].transpose(1, 2))  # [B, KVH, longest, D]
-            for layer in cache.layers
-        ]
-        for row, sequence in enumerate(sequences):
-            kv = [(keys[row, :, : lengths[row]], values[row, :, : lengths[row]]) for keys, values in gathered]
-            self.prefix_cache.put(sequence, kv)
+        self.prefix_cache.put_rows(sequences, attention_mask, cache)

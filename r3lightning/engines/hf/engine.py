@@ -243,7 +243,7 @@ class HFEngine:
         first_logits: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """Sampled tokens [B, n], their behaviour log-probs [B, n] and the cache, for rows laid out by
-        ``_batch_inputs`` (whose first ``past`` columns are cached).
+        ``batch_inputs`` (whose first ``past`` columns are cached).
 
         The decoding loop, in place of ``generate``'s (whose per-step bookkeeping and sampler cost a fifth
         of a rollout at this scale): the uncached columns are prefilled, then every step feeds each row's

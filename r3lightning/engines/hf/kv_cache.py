@@ -21,7 +21,7 @@ class GrowingLayer(DynamicLayer):
 
     ``DynamicLayer.update`` is ``torch.cat([cache, new])``: every decoding step copies the whole cache
     of every layer, an O(context) copy per generated token that no batch size amortizes (in multi-turn
-    episodes with long contexts it was a sixth of the agent loop's time). Here the keys and values live
+    episodes with long contexts, a sixth of the agent loop's time). Here the keys and values live
     in a buffer of ``capacity`` columns (doubled when full) and the layer's ``keys`` / ``values`` are
     views of its first columns, so a step writes one column. Attention reads the same values either way.
     Methods that replace ``keys`` (``crop`` keeps a view of the buffer; ``batch_select_indices`` makes a

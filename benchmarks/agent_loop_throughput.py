@@ -65,8 +65,8 @@ from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402
 from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters  # noqa: E402
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest  # noqa: E402
-from r3lightning.rollout.engine import SamplingParams  # noqa: E402
-from r3lightning.rollout.hf_engine import HFEngine  # noqa: E402
+from r3lightning.engines.base import SamplingParams  # noqa: E402
+from r3lightning.engines.hf.engine import HFEngine  # noqa: E402
 
 
 class TimedEngine:
@@ -176,7 +176,7 @@ def main() -> None:
                         help="re-prefill every episode's whole conversation on every turn (the engine before "
                              "its prefix cache)")
     parser.add_argument("--fused-compile", action="store_true",
-                        help="decode with the engine's compiled fused step (engine.hf_fused_compile); its graphs' "
+                        help="decode with the engine's compiled fused step (engine.hf_decode: fused_compiled); its graphs' "
                              "compile times and the calls refused a graph are in config.compile")
     args = parser.parse_args()
     if args.threads:
@@ -188,7 +188,7 @@ def main() -> None:
     spec = TinyModelSpec(hidden_size=args.hidden_size, num_layers=args.num_layers, num_attention_heads=2,
                          num_key_value_heads=1, intermediate_size=2 * args.hidden_size, vocab_size=args.vocab_size)
     model = build_tiny_model(spec, tokenizer, seed=args.seed).to(args.device)
-    compiled = {"fused_compile": True} if args.fused_compile else {}  # older checkouts (--repo) lack the option
+    compiled = {"decode": "fused_compiled"} if args.fused_compile else {}  # older checkouts (--repo) lack the option
     engine = TimedEngine(HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache, **compiled))
     loop = AgentLoop(suite, engine, tokenizer, agent)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)

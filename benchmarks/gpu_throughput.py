@@ -6,10 +6,10 @@ yet (no GPU was lent when it was written). Without CUDA it writes a JSON whose f
 
 1. Rollout: ``HFEngine.generate`` at batch ``--batch`` (128) on a random-init Qwen2-0.5B shape (hidden 896,
    24 layers, 14 heads, 2 KV heads, MLP 4864, vocab 151936, bfloat16), 32-token prompts, 64 new tokens at
-   temperature 1: the eager engine (``compile=False``, with its fused decoding step), the eager engine
-   decoding with the model's forward (``fused_decode=False``) and the compiled one (static KV cache,
+   temperature 1: the eager engine (``decode="fused"``), the eager engine
+   decoding with the model's forward (``decode="forward"``) and the compiled one (``decode="generate_compiled"``: static KV cache,
    ``torch.compile`` of the decoding step, ``mode="reduce-overhead"``: CUDA graphs) and the engine with
-   its fused step and sampler compiled (``fused_compile=True``, torch's default mode), interleaved
+   its fused step and sampler compiled (``decode="fused_compiled"``, torch's default mode), interleaved
    ``--repeats`` times (median), after a warm-up that includes compilation (reported). The issue's
    reference is 1503 tokens/s for the eager engine at batch 128 on an H200 (rollout_throughput_gpu.json);
    the goal is >= 5x that.
@@ -46,8 +46,8 @@ def rollout(args) -> dict:
     from rollout_throughput import build_model, make_prompts
 
     from r3lightning.models import build_tokenizer
-    from r3lightning.rollout.engine import SamplingParams
-    from r3lightning.rollout.hf_engine import HFEngine
+    from r3lightning.engines.base import SamplingParams
+    from r3lightning.engines.hf.engine import HFEngine
 
     corpus = [f"What is {a} + {b}? The answer is \\boxed{{{a + b}}}." for a in range(60) for b in range(0, 60, 7)]
     tokenizer = build_tokenizer(corpus, 1024)
@@ -56,12 +56,12 @@ def rollout(args) -> dict:
     params = SamplingParams(temperature=1.0, max_new_tokens=64)
     engines = {
         "eager": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False),
-        "eager_forward": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, fused_decode=False),
-        "compiled": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, compile=True,
+        "eager_forward": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, decode="forward"),
+        "compiled": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, decode="generate_compiled",
                              compile_mode=args.compile_mode),
         # The fused step and sampler compiled (torch's default mode: its buffers are written in place,
         # which CUDA graphs of the reduce-overhead mode would skip).
-        "fused_compiled": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, fused_compile=True),
+        "fused_compiled": HFEngine(policy, tokenizer, max_batch_size=args.batch, prefix_cache=False, decode="fused_compiled"),
     }
 
     def run(engine) -> tuple[float, int]:

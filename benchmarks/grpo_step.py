@@ -192,8 +192,8 @@ def r3l_worker(args) -> dict:
     from r3lightning.module import R3LightningModule
     from r3lightning.optim import OptimConfig, PhaseConfig
     from r3lightning.rollout.agent_loop import AgentLoopConfig
-    from r3lightning.rollout.engine import SamplingParams
-    from r3lightning.rollout.engine_config import EngineConfig
+    from r3lightning.engines.base import SamplingParams
+    from r3lightning.engines.config import EngineConfig
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -404,7 +404,7 @@ def main() -> None:
     parser.add_argument("--engine-options", default="", help="JSON of extra EngineConfig fields for hf/vllm")
     parser.add_argument("--alt-options", default="",
                         help="JSON of EngineConfig fields for an extra hf_alt variant of the same checkout, interleaved "
-                             "with the others (e.g. '{\"hf_compile\": \"on\"}')")
+                             "with the others (e.g. '{\"hf_decode\": \"fused_compiled\"}')")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -37,7 +37,7 @@ class PivotRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         from r3lightning.envs.textworld_procedural import shortest_plan, world_of
-        from r3lightning.rollout.reflection import parse_reflection
+        from r3lightning.rollout.explorers.reflection import parse_reflection
 
         suite = trainer.datamodule.suite
         tasks = {task.task_id: task for task in batch.tasks}

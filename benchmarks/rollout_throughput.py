@@ -9,7 +9,7 @@ new tokens (so prefill cancels), the median of ``--repeats`` interleaved passes,
 FLOP limit (2 x matmul parameters x batch + attention over the context, at this machine's measured
 float32 matmul rate: the best of square 1024 and 2048 matmuls), for the eager engine with its fused
 decoding step (``fused``, the default) and with the model's forward (``forward``), interleaved.
-``--curve-compile`` adds the compiled decoding path (``HFEngine(compile=True)``) at the batch sizes
+``--curve-compile`` adds the compiled decoding path (``HFEngine(decode="generate_compiled")``) at the batch sizes
 given, with its compile time:
 
     python benchmarks/rollout_throughput.py --decode-curve --out benchmarks/results/decode_curve_cpu.json
@@ -42,8 +42,8 @@ import torch  # noqa: E402
 from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
 from r3lightning.models import build_tokenizer  # noqa: E402
-from r3lightning.rollout.engine import SamplingParams  # noqa: E402
-from r3lightning.rollout.hf_engine import HFEngine  # noqa: E402
+from r3lightning.engines.base import SamplingParams  # noqa: E402
+from r3lightning.engines.hf.engine import HFEngine  # noqa: E402
 
 # name -> (hidden, layers, heads, kv heads, intermediate, vocab (0: the tokenizer's), tied)
 MODELS = {
@@ -115,7 +115,7 @@ def batch_sweep(name: str, engine, prompts, params, args) -> dict[str, float]:
 
 
 def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False, for_sync: bool = False):
-    from r3lightning.rollout.vllm_engine import VLLMEngine
+    from r3lightning.engines.vllm.engine import VLLMEngine
 
     kv_cache_gb = args.kv_cache_gb
     if for_sync and torch.cuda.is_available():
@@ -128,7 +128,7 @@ def vllm_engine(policy, tokenizer, args, dtype: str, sleep_mode: bool = False, f
 
 
 def sync_seconds(engine, policy, bucket_mb: int) -> tuple[float, int]:
-    from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
+    from r3lightning.engines.vllm.weights import iter_policy_weights, iter_weight_buckets
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -188,7 +188,7 @@ def decode_step_flops(model, batch: int, context: int) -> float:
 
 def decode_curve(args, preset, tokenizer) -> dict:
     """ms per decoding step vs batch size: the eager hf engine with its fused decoding step (``fused``) and
-    with the model's forward (``forward``, ``hf_fused_decode: false``); compiled at ``--curve-compile`` batches."""
+    with the model's forward (``forward``, ``hf_decode: forward``); compiled at ``--curve-compile`` batches."""
     device, dtype = preset["device"], preset["dtype"]
     policy = build_model(preset["model"], tokenizer, dtype, device)
     rate = matmul_rate(getattr(torch, dtype), device)
@@ -200,12 +200,12 @@ def decode_curve(args, preset, tokenizer) -> dict:
     # pass runs the whole budget unless all rows stop early (then it is dropped, see ``timed``).
     long = SamplingParams(temperature=1.0, max_new_tokens=1 + steps)
     engines = {
-        "fused": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, fused_decode=True),
-        "forward": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, fused_decode=False),
+        "fused": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, decode="fused"),
+        "forward": HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, decode="forward"),
     }
     compiled_batches = set(args.curve_compile or [])
     if compiled_batches:
-        engines["compiled"] = HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, compile=True)
+        engines["compiled"] = HFEngine(policy, tokenizer, max_batch_size=max(batches), prefix_cache=False, decode="generate_compiled")
 
     def timed(engine, batch, params) -> float:
         if device == "cuda":

@@ -2,7 +2,7 @@
 
 Used with ``engine.backend: vllm`` (``configs/engine/vllm.yaml`` adds it). Only r3lightning's
 public API is used: ``pl_module.policy``, ``pl_module.engine``, ``pl_module.tokenizer`` and the
-weight helpers of ``r3lightning.rollout.vllm_engine``.
+weight helpers of ``r3lightning.engines.vllm.engine``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.vllm.weights import iter_policy_weights, iter_weight_buckets
 
 DEFAULT_PROBE_PROMPTS = (
     "What is 17 + 25?",

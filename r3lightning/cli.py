@@ -29,6 +29,7 @@ from r3lightning.checkpoint_state import check_checkpoint_state
 from r3lightning.checkpoints import read_checkpoint
 from r3lightning.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
 from r3lightning.data.datamodule import RolloutDataModule
+from r3lightning.engines.config import replaced_key_note
 from r3lightning.module import R3LightningModule
 from r3lightning.resume_check import check_resume, plain
 
@@ -327,7 +328,7 @@ class R3LightningCLI(LightningCLI):
             commands = getattr(self, "_subcommand_parsers", {})
             command = next((a for a in argv if a in commands), None) if isinstance(argv, (list, tuple)) else None
             hint = f"r3l {command} --help lists the accepted keys" if command else "r3l --help lists the commands"
-            print(f"r3l: error: {err}\n  ({hint})", file=sys.stderr)
+            print(f"r3l: error: {err}{replaced_key_note(str(err))}\n  ({hint})", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
             for p, exit_on_error in zip(parsers, exits):

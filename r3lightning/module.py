@@ -38,8 +38,8 @@ from r3lightning.data.experience import make_experience
 from r3lightning.data.failure_ranking import RankingActivity, rank_failures
 from r3lightning.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
-from r3lightning.rollout.engine import RolloutEngine
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
+from r3lightning.engines.base import RolloutEngine
+from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics
 from r3lightning.types import ExperienceBatch, Group, Trajectory
 

@@ -1,4 +1,4 @@
-"""Models and runs shared by the fused decoding tests (tests/rollout/test_fused_decode.py and
+"""Models and runs shared by the fused decoding tests (tests/engines/test_fused_decode.py and
 test_compiled_decode.py): small llama-family models covering the fused step's branches, and a two-call
 generation that exercises padding, shared prompts and prefix-cache hits."""
 
@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from r3lightning.models import TinyModelSpec, build_tiny_model
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
 
 
 def small_model(config_class, model_class, tokenizer, **extra):
@@ -49,12 +49,13 @@ def chat_prompts(tokenizer, shared: bool = True):
     return prompts + [prompts[0]] * 3 if shared else prompts  # a shared prompt is encoded once
 
 
-def run_two_calls(model, tokenizer, fused: bool, params: SamplingParams, seed: int = 0, shared: bool = True, **engine_options):
+def run_two_calls(model, tokenizer, decode: str, params: SamplingParams, seed: int = 0, shared: bool = True, **engine_options):
     """Two calls: fresh prompts, then each prompt extended by its completion and more tokens. With
-    ``fused`` the second call hits the prefix cache (prefixes of different lengths, so rows are padded in
+    a fused ``decode`` the second call hits the prefix cache (prefixes of different lengths, so rows are padded in
     the middle); the reference recomputes every prompt with the model's forward. Without ``shared``
     prompts the first call prefills every row from an empty cache. ``engine_options`` go to ``HFEngine``."""
-    engine = HFEngine(model, tokenizer, fused_decode=fused, prefix_cache=fused, **engine_options)
+    fused = decode != "forward"
+    engine = HFEngine(model, tokenizer, decode=decode, prefix_cache=fused, **engine_options)
     engine.stop_token_ids = {-1}  # decode the whole budget: every step compared
     torch.manual_seed(seed)
     prompts = chat_prompts(tokenizer, shared)

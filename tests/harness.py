@@ -27,8 +27,8 @@ from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, bui
 from r3lightning.module import R3LightningModule
 from r3lightning.optim import OptimConfig, PhaseConfig
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

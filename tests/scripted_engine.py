@@ -9,7 +9,7 @@ from harness import ARITHMETIC, suite_tokenizer
 
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
-from r3lightning.rollout.engine import Generation
+from r3lightning.engines.base import Generation
 
 
 class ScriptedEngine:

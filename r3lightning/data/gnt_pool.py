@@ -26,7 +26,7 @@ from r3lightning.envs.math_sources import utf8_lines
 from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.env_calls import SuiteCalls
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 
 REQUIRED_FIELDS = ("prompt", "answer", "response")
 """Fields a rollout row read from a file must have (non-empty strings)."""

@@ -30,7 +30,7 @@ from r3lightning.envs.reflective import (
     reflective_prompt,
 )
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 
 Verify = Callable[[dict[str, Any], str], bool]
 """``(pool row, response text) -> whether the response's final answer is right for the row's task``."""

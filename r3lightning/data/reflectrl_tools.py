@@ -32,8 +32,8 @@ from r3lightning.data.reflective_sft import (
 from r3lightning.envs.base import TaskSuite
 from r3lightning.envs.reflective import DEFAULT_REFLECTIVE_TEMPLATE, ReflectiveSuite, read_pool, scripted_critic
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.config import EngineConfig, build_engine
 
 LoadPolicy = Callable[[str], tuple[torch.nn.Module, Any]]
 """``path -> (policy, tokenizer)``: an r3lightning checkpoint file or a Hugging Face model directory/id."""

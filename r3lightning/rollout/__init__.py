@@ -1,1 +1,1 @@
-"""Rollout layer: engines, the agent loop and explorers."""
+"""Rollout layer: the agent loop, chat bookkeeping, guarded environment calls, rollout metrics and the explorers."""

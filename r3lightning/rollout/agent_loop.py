@@ -14,10 +14,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
+from r3lightning.engines.base import Generation, RolloutEngine, SamplingParams
 from r3lightning.envs.base import AnswerFormat, Environment, StepResult, Task, TaskSuite
-from r3lightning.rollout.env_calls import EnvCaller, SuiteCalls, check_reset_result, check_step_result, check_suite
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import Generation, RolloutEngine, SamplingParams
+from r3lightning.rollout.env_calls import EnvCaller, SuiteCalls, check_reset_result, check_step_result, check_suite
 from r3lightning.types import GuidedTurn, Trajectory, Turn, message_count
 
 INVALID_FORMAT_FEEDBACK = "Invalid action format. Reply with exactly one action inside {open}...{close}."

@@ -15,7 +15,7 @@ from typing import Optional
 from r3lightning.envs.base import Task, TaskSuite
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.env_calls import EnvCallError, SuiteCalls
-from r3lightning.rollout.reflection import Reflector, diagnosis_of, standalone_prompts, target_tokens
+from r3lightning.rollout.explorers.reflection import Reflector, diagnosis_of, standalone_prompts, target_tokens
 from r3lightning.types import Trajectory, Turn
 
 

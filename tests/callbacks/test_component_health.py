@@ -12,9 +12,9 @@ from r3lightning.callbacks import ComponentHealth, InertComponentError
 from r3lightning.data.replay import ReplayConfig
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.explorers import SampleExplorer
-from r3lightning.rollout.in_context import InContextReflectionExplorer
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+from r3lightning.rollout.explorers.base import SampleExplorer
+from r3lightning.rollout.explorers.in_context import InContextReflectionExplorer
+from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 
 
 def feed(callback: ComponentHealth, steps: list[dict], explorer=None, algorithm=None, replay=None, teacher=None):

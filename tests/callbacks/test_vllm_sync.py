@@ -12,9 +12,9 @@ from harness import TWO_LAYER_SPEC, free_port, run_workers
 
 from r3lightning.callbacks.vllm_sync import LogprobMismatchError, VLLMWeightSync
 from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.config import EngineConfig, build_engine
+from r3lightning.engines.hf.engine import HFEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = replace(TWO_LAYER_SPEC, tie_word_embeddings=False)  # untied: the LM head is streamed on its own

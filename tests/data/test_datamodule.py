@@ -116,8 +116,8 @@ def test_reflection_demos_limited_to_reflection_tasks_per_step():
     from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
     from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
     from r3lightning.models import build_tiny_model, build_tokenizer
-    from r3lightning.rollout.hf_engine import HFEngine
-    from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+    from r3lightning.engines.hf.engine import HFEngine
+    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 
     suite = ProceduralWorldSuite(difficulty=1, max_turns=4, num_val_tasks=2, goal_reminder=True)
     dm = RolloutDataModule(
@@ -138,7 +138,7 @@ def test_reflection_demos_limited_to_reflection_tasks_per_step():
 def test_validation_answers_get_the_training_token_budget_unless_set():
     from r3lightning.data.datamodule import RolloutDataModule
     from r3lightning.envs.math_env import MathSuite
-    from r3lightning.rollout.engine import SamplingParams
+    from r3lightning.engines.base import SamplingParams
 
     suite = MathSuite(source="arithmetic", num_val_tasks=2)
     data = RolloutDataModule(suite, sampling=SamplingParams(temperature=0.7, max_new_tokens=300, stop=["\n\n"]))

@@ -7,7 +7,7 @@ import torch
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.experience import make_experience
-from r3lightning.rollout.explorers import Exploration
+from r3lightning.rollout.explorers.base import Exploration
 from r3lightning.types import Group, Trajectory, Turn
 
 

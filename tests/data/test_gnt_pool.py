@@ -11,7 +11,7 @@ from reflectrl_helpers import arithmetic_suite, expert_rows, rollout_row
 from r3lightning.cli import main
 from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, verify_rollouts, write_jsonl
 from r3lightning.rollout.agent_loop import AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 
 
 def test_split_into_gt_plus_and_gnt_with_provenance():

@@ -10,7 +10,7 @@ from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.experience import make_experience
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step, replay_into_groups
 from r3lightning.rollout.agent_loop import AgentLoop
-from r3lightning.rollout.explorers import Exploration
+from r3lightning.rollout.explorers.base import Exploration
 from r3lightning.types import Group, Trajectory, Turn
 
 
@@ -65,7 +65,7 @@ def test_a_tasks_only_success_survives_many_failures():
 
 
 def test_stored_trajectories_are_re_rendered_under_a_changed_template(world_suite, world_tokenizer, world_policy):
-    from r3lightning.rollout.hf_engine import HFEngine
+    from r3lightning.engines.hf.engine import HFEngine
     from r3lightning.rollout.agent_loop import EpisodeRequest
 
     task = world_suite.train_task(0)

@@ -14,7 +14,7 @@ import torch
 from alfworld_games import STORED_WALKTHROUGH
 
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 
 
 def test_discovery_filters_and_splits(alfworld_suite):

@@ -18,7 +18,7 @@ import torch
 from r3lightning.envs.base import StepResult, TaskSuite
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 
 # id: (the factory fixture, the instance fixture, the agent configuration its tasks are played with).
 SUITES = {

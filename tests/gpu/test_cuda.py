@@ -16,9 +16,9 @@ from r3lightning.optim import OptimConfig, PhaseConfig
 from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,9 +15,9 @@ from scripted_engine import ScriptedEngine
 from r3lightning.algos.objective import AlgorithmConfig, RankingConfig
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import ExplorationSpec
-from r3lightning.rollout.in_context import InContextReflectionExplorer
+from r3lightning.engines.base import SamplingParams
+from r3lightning.rollout.explorers.base import ExplorationSpec
+from r3lightning.rollout.explorers.in_context import InContextReflectionExplorer
 from r3lightning.types import Group, Trajectory, Turn
 
 N = 3

@@ -14,8 +14,8 @@ from r3lightning.rollout.agent_loop import (
     parse_action,
     render_action,
 )
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
 
 
 class RecordingEngine:

@@ -29,7 +29,7 @@ from r3lightning.models import (
 )
 from r3lightning.rollout.agent_loop import AgentLoop
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.hf.engine import HFEngine
 
 QWEN25_STYLE = (
     "{%- if messages[0]['role'] != 'system' -%}"

@@ -7,13 +7,13 @@ from harness import module_and_data, preset, quiet_trainer, weights_changed
 from scripted_engine import ScriptedEngine, UseEngine, scripted_arithmetic, world_player
 
 from r3lightning import algos
-from r3lightning.rollout.explorers import ExplorationSpec
+from r3lightning.rollout.explorers.base import ExplorationSpec
 from r3lightning.data.collate import collate_experience
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.critique_refine import CritiqueRefineExplorer, best_refinements
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.rollout.explorers.critique_refine import CritiqueRefineExplorer, best_refinements
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
 from r3lightning.types import Trajectory, Turn
 
 

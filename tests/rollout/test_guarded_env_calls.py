@@ -12,7 +12,7 @@ from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.envs.safety import CallTimeout
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 from r3lightning.rollout.env_calls import EnvCaller, EnvCallError
 
 AGENT = AgentLoopConfig(action_format="raw", step_timeout_s=0.3)
@@ -64,7 +64,7 @@ def test_scripted_warm_start_data_skips_and_counts_a_task_whose_environment_fail
     step hangs loses that task's sample (counted in the loop's env_calls.failures), not the run."""
     import random
 
-    from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
     from r3lightning.rollout.warmstart import scripted_reflection_samples
 
     loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer,

@@ -8,12 +8,12 @@ import torch
 from harness import module_and_data, preset, quiet_trainer, weights_changed
 from scripted_engine import ScriptedEngine, UseEngine, scripted_arithmetic, world_player
 
-from r3lightning.rollout.explorers import ExplorationSpec
+from r3lightning.rollout.explorers.base import ExplorationSpec
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
-from r3lightning.rollout.reflect_from_scratch import ReflectFromScratchExplorer
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.rollout.explorers.reflect_from_scratch import ReflectFromScratchExplorer
 
 REFLECTION = {
     "trajectory_summary": "s",

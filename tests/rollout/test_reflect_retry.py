@@ -7,12 +7,12 @@ from hypothesis import strategies as st
 from scripted_engine import ScriptedEngine, expert_action, scripted_arithmetic, world_player
 
 from r3lightning.data.collate import collate_experience
-from r3lightning.rollout.explorers import ExplorationSpec
+from r3lightning.rollout.explorers.base import ExplorationSpec
 from r3lightning.rollout.agent_loop import AgentLoop
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer, distill
-from r3lightning.rollout.reflection import parse_reflection
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import SamplingParams
+from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer, distill
+from r3lightning.rollout.explorers.reflection import parse_reflection
+from r3lightning.engines.hf.engine import HFEngine
 
 VALID = {
     "trajectory_summary": "s",
@@ -418,8 +418,8 @@ def test_pivot_agreement_and_the_clamped_diagnosis_on_hand_built_episodes(world_
     """``pivot_agreement`` on trajectories built by hand: only valid reflections on failures without a
     reward error count; an episode whose every action was optimal but ran out of turns is diagnosed at
     its last turn (``diagnosis_of``), where the raw diagnostician says one past it."""
-    from r3lightning.rollout.reflect_retry import pivot_agreement
-    from r3lightning.rollout.reflection import Reflection, diagnosis_of
+    from r3lightning.rollout.explorers.reflect_retry import pivot_agreement
+    from r3lightning.rollout.explorers.reflection import Reflection, diagnosis_of
     from r3lightning.types import Trajectory, Turn
 
     task = world_suite.train_task(0)

@@ -8,9 +8,9 @@ from scripted_engine import ScriptedEngine
 
 from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest, render_action
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import ExplorationSpec
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+from r3lightning.engines.base import SamplingParams
+from r3lightning.rollout.explorers.base import ExplorationSpec
+from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 
 
 class FlakyVerifierSuite(TaskSuite):

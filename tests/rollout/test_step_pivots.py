@@ -9,12 +9,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from r3lightning.data.collate import collate_experience
-from r3lightning.rollout.explorers import ExplorationSpec
+from r3lightning.rollout.explorers.base import ExplorationSpec
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
-from r3lightning.rollout.engine import Generation, SamplingParams
+from r3lightning.engines.base import Generation, SamplingParams
 from r3lightning.rollout.metrics import trajectory_metrics
-from r3lightning.rollout.reflect_retry import ReflectRetryExplorer
+from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 from r3lightning.rollout.steps import split_final_turn, split_steps, step_lengths
 from r3lightning.types import Group, Trajectory, Turn
 

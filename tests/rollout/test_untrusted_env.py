@@ -10,7 +10,7 @@ from scripted_engine import ScriptedEngine
 
 from r3lightning.envs.base import StepResult, Task, TaskSuite
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
+from r3lightning.engines.base import SamplingParams
 from r3lightning.rollout.metrics import trajectory_metrics
 from r3lightning.types import Group
 

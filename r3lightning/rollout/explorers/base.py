@@ -6,9 +6,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
+from r3lightning.engines.base import SamplingParams
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
 from r3lightning.types import Group, Trajectory
 
 

@@ -4,10 +4,10 @@ tests stay fast on CPU; the inductor and CUDA-graph modes are measured by the be
 
 import torch
 
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.hf.generate_compiled import CompiledGenerate
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.hf_engine import HFEngine
 
 
 def _prompts(tokenizer, n: int = 5):
@@ -17,7 +17,7 @@ def _prompts(tokenizer, n: int = 5):
 
 
 def _compiled(policy, tokenizer, **kwargs) -> HFEngine:
-    return HFEngine(policy, tokenizer, max_batch_size=16, compile=True, compile_backend="eager", **kwargs)
+    return HFEngine(policy, tokenizer, max_batch_size=16, decode="generate_compiled", compile_backend="eager", **kwargs)
 
 
 def _assert_same(eager, compiled) -> None:
@@ -40,8 +40,8 @@ def test_compiled_greedy_equals_eager_and_prefix_cache_keeps_working(world_token
     assert compiled.stats["reused_prompt_tokens"] == eager.stats["reused_prompt_tokens"] > 0
     assert compiled.cache_hit_rate() == eager.cache_hit_rate()
     # 5 prompts pad to a batch of 8; lengths fall in few power-of-two buckets.
-    assert {batch for batch, _ in compiled.first_call_s} == {8}
-    assert len(compiled.first_call_s) <= 2
+    assert {batch for batch, _ in compiled.compiled_generate.first_call_s} == {8}
+    assert len(compiled.compiled_generate.first_call_s) <= 2
     stats = compiled.compile_stats()
     assert stats["compile"] and stats["buckets"] and "perf/hf_compiled_buckets" in compiled.metrics()
 
@@ -63,12 +63,7 @@ def test_compiled_sampled_logprobs_match_eager_scoring(world_tokenizer, world_po
 
 
 def test_batch_and_length_buckets(world_tokenizer, world_policy):
-    engine = HFEngine(world_policy, world_tokenizer, max_batch_size=48, compile=True)
-    assert [engine._batch_bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
-    assert [HFEngine._length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
+    compiled = HFEngine(world_policy, world_tokenizer, max_batch_size=48, decode="generate_compiled").compiled_generate
+    assert [compiled.batch_bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
+    assert [CompiledGenerate.length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
 
-
-def test_engine_config_compile_option(world_tokenizer, world_policy):
-    assert not build_engine(EngineConfig(), world_policy, world_tokenizer).compile  # auto: off on CPU
-    assert build_engine(EngineConfig(hf_compile="on"), world_policy, world_tokenizer).compile
-    assert not build_engine(EngineConfig(hf_compile="off"), world_policy, world_tokenizer).compile

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 import torch
 
-from r3lightning.rollout.engine import RolloutEngine
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.base import RolloutEngine
+from r3lightning.engines.hf.engine import HFDecode, HFEngine
+
+HFDecodeChoice = Literal["auto", "forward", "fused", "fused_compiled", "generate_compiled"]
+HF_DECODE_CHOICES: tuple[str, ...] = get_args(HFDecodeChoice)
+
+REPLACED_KEYS = {
+    "hf_compile": "engine.hf_decode (hf_compile on: hf_decode generate_compiled; off: fused; auto: auto)",
+    "hf_compile_mode": "engine.hf_decode, whose compiled paths pick the mode (generate_compiled: reduce-overhead on CUDA, "
+                       "default on CPU; fused_compiled: torch's default)",
+    "hf_fused_decode": "engine.hf_decode (hf_fused_decode true: hf_decode fused; false: forward)",
+    "hf_fused_compile": "engine.hf_decode (hf_fused_compile true: hf_decode fused_compiled)",
+}
+"""The ``hf`` engine's decoding keys that ``engine.hf_decode`` replaced, and what to set instead."""
 
 
 @dataclass
@@ -41,30 +54,20 @@ class EngineConfig:
             prefills only its new tokens; dropped whenever the weights change.
         hf_max_cached_tokens: hf: most tokens the prefix cache holds (memory: tokens x layers x 2 x
             kv_heads x head_dim x dtype size).
-        hf_compile: hf: decode with transformers' static KV cache and ``torch.compile`` of the decoding
-            step, shapes bucketed (batch and cache length to powers of two) so a run compiles a handful
-            of times. ``auto``: on where it is faster, i.e. on CUDA (with CUDA graphs); off on CPU, where
-            compilation costs about a minute and did not make decoding faster (docs/engines.md has the
-            figures). ``on`` / ``off`` force it.
-        hf_compile_mode: hf: ``torch.compile`` mode of the decoding step; null: ``reduce-overhead``
-            (CUDA graphs) on CUDA, ``default`` on CPU.
-        hf_fused_decode: hf, without hf_compile: decoding steps (one token per row) of llama, qwen2
-            and qwen3 models run a fused step (query/key/value and gate/up projections as one matmul
-            each, grouped-query attention, one prepared mask) built from the model's own modules
-            instead of its forward, and on the CPU so does the prefill (padding as an extra head
-            dimension instead of a 4D mask; the last layer attends from the last column only); same
-            results up to float rounding. Other models (and LoRA or
-            quantized projections) keep the forward, counted in perf/hf_fused_decode_off. Holds a copy
-            of the fused projections' weights while they are current.
-        hf_fused_compile: hf, with hf_fused_decode: the fused decoding step and the sampler compiled
-            with ``torch.compile`` (inductor; key/value buffers widened to a multiple of 64 columns,
-            attention reading them all with the unwritten ones masked; static shapes first, then one
-            graph with batch size and width symbolic, and a graph per new temperature or top_p; after
-            8 graphs, unseen shapes decode eagerly, counted in perf/hf_fused_compile_skipped). On the 2-core CPU the GRPO benchmark's rollouts took 0.74x
-            the eager time, after 3-15 s of compilation per graph (warm or cold inductor cache;
-            docs/engines.md): it pays off after roughly 70 to a few hundred steps, so it is off by
-            default (tests and short runs would mostly compile).
-            Compile mode: hf_compile_mode (null: torch's default). Ignored when hf_compile is on.
+        hf_decode: hf: how tokens are decoded (docs/engines.md, "Decoding in the hf engine").
+            ``forward``: the model's own forward every step. ``fused``: for llama, qwen2 and qwen3
+            models, one-token decoding steps run a fused step (query/key/value and gate/up projections
+            as one matmul each, grouped-query attention, one prepared mask) built from the model's own
+            modules, and on the CPU so does the prefill; same results up to float rounding; other
+            models (and LoRA or quantized projections) keep the forward, counted in
+            perf/hf_fused_decode_off. ``fused_compiled``: the fused step and the sampler compiled with
+            ``torch.compile`` (inductor; key/value buffers widened to a multiple of 64 columns; a few
+            graphs per run, 3-15 s each on a 2-core CPU; after 8 graphs unseen shapes decode with the
+            eager fused step, counted in perf/hf_fused_compile_skipped): pays off on long CPU runs.
+            ``generate_compiled``: transformers' ``generate`` with its static KV cache and
+            ``torch.compile`` of the decoding step (CUDA graphs on CUDA), batch and cache length
+            bucketed to powers of two. ``auto``: ``generate_compiled`` when CUDA is available,
+            ``fused`` otherwise.
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -80,19 +83,31 @@ class EngineConfig:
     sleep_mode: bool = False
     hf_prefix_cache: bool = True
     hf_max_cached_tokens: int = 65536
-    hf_compile: Literal["auto", "on", "off"] = "auto"
-    hf_compile_mode: Optional[str] = None
-    hf_fused_decode: bool = True
-    hf_fused_compile: bool = False
+    hf_decode: HFDecodeChoice = "auto"
+
+
+def hf_decode_path(choice: str, on_cuda: bool) -> HFDecode:
+    """The decoding path ``engine.hf_decode`` names; ``auto`` is ``generate_compiled`` with CUDA (where
+    its CUDA graphs make decoding faster) and ``fused`` on the CPU (where compilation costs about a
+    minute and did not make decoding faster; docs/engines.md)."""
+    if choice == "auto":
+        return "generate_compiled" if on_cuda else "fused"
+    return choice
+
+
+def replaced_key_note(message: str) -> str:
+    """For a parser error ``message`` that names a replaced engine key (``engine.hf_compile`` and the
+    like), a note naming the key to set instead; else the empty string."""
+    notes = [f"engine.{key} was replaced by {instead}" for key, instead in REPLACED_KEYS.items()
+             if re.search(rf"engine\.{key}(?!\w)", message)]
+    return ("; " + "; ".join(notes)) if notes else ""
 
 
 def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> RolloutEngine:
     """The engine ``config`` names, generating with ``policy``'s weights."""
     if config.backend == "hf":
-        if config.hf_compile not in ("auto", "on", "off"):
-            raise ValueError(f"engine.hf_compile must be auto, on or off, got {config.hf_compile!r}")
-        if config.hf_fused_compile and not config.hf_fused_decode:
-            raise ValueError("engine.hf_fused_compile compiles the fused decoding step: it needs engine.hf_fused_decode true")
+        if config.hf_decode not in HF_DECODE_CHOICES:
+            raise ValueError(f"engine.hf_decode must be one of {', '.join(HF_DECODE_CHOICES)}, got {config.hf_decode!r}")
         on_cuda = next(policy.parameters()).device.type == "cuda" or torch.cuda.is_available()
         return HFEngine(
             policy,
@@ -100,14 +115,10 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> Ro
             max_batch_size=config.max_batch_size,
             prefix_cache=config.hf_prefix_cache,
             max_cached_tokens=config.hf_max_cached_tokens,
-            # auto leaves transformers' compiled path to hf_fused_compile when that is asked for
-            compile=config.hf_compile == "on" or (config.hf_compile == "auto" and on_cuda and not config.hf_fused_compile),
-            compile_mode=config.hf_compile_mode,
-            fused_decode=config.hf_fused_decode,
-            fused_compile=config.hf_fused_compile,
+            decode=hf_decode_path(config.hf_decode, on_cuda),
         )
     if config.backend == "vllm":
-        from r3lightning.rollout.vllm_engine import VLLMEngine
+        from r3lightning.engines.vllm.engine import VLLMEngine
 
         dtype = config.dtype
         if dtype == "auto":

@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from r3lightning.rollout.fused_decode import FusedDecoder
-from r3lightning.rollout.sampling import next_tokens
+from r3lightning.engines.hf.fused_step import FusedDecoder
+from r3lightning.engines.hf.sampling import next_tokens
 
 COLUMN_BUCKET = 64  # buffers are a multiple of this many columns: a few graphs per run, little masked work
 

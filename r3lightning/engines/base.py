@@ -52,7 +52,12 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
-    """Batched generation on the current policy weights."""
+    """Batched generation on the current policy weights.
+
+    Weight sync is not part of the protocol: the ``hf`` engine decodes with the trainer's own
+    parameters, and an engine that holds a copy (``vllm``, ``needs_weight_sync = True``) is kept
+    current by the ``VLLMWeightSync`` callback, which ``r3l`` adds whenever ``model.engine.backend``
+    is ``vllm`` (docs/engines.md)."""
 
     weight_version: int
 

@@ -14,7 +14,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0, 
 
     Inverse transform sampling: one uniform per row (``draw`` [B, 1], from ``torch.rand`` when None)
     against the cumulative probabilities. ``torch.multinomial`` (``generate``'s sampler) draws an
-    exponential per vocabulary entry, which was an eighth of a rollout's time on CPU. Same
+    exponential per vocabulary entry: an eighth of a rollout's time on CPU (docs/engines.md). Same
     distribution, another random stream; zero-probability tokens are never drawn (the search returns
     the first cumulative value above the draw).
     """

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from r3lightning.engines.base import SamplingParams
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
-from r3lightning.rollout.reflect_from_scratch import distill_from_scratch, failed, usable_retry
-from r3lightning.rollout.reflect_retry import retry_is_better
-from r3lightning.rollout.reflection import ask_policy, load_template, outcome_text, step_lines, transcript
+from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
+from r3lightning.rollout.explorers.reflect_from_scratch import distill_from_scratch, failed, usable_retry
+from r3lightning.rollout.explorers.reflect_retry import retry_is_better
+from r3lightning.rollout.explorers.reflection import ask_policy, load_template, outcome_text, step_lines, transcript
 from r3lightning.types import Group, Trajectory
 
 

@@ -10,7 +10,7 @@ and grouped-query attention without repeating keys; norms, activations, the outp
 LM head are the model's own modules. It reads and appends to the engine's KV cache, so the prefix cache
 is unchanged. ``FusedDecoder.prefill`` does the same for a prefill of several columns per row (the
 engine uses it on the CPU), with ``padded_prefill_attention``. Results equal the forward's up to float
-rounding (tests/rollout/test_fused_decode.py: greedy tokens identical, log-probs within 1e-5 in fp32).
+rounding (tests/engines/test_fused_decode.py: greedy tokens identical, log-probs within 1e-5 in fp32).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the engine contract (and the trainer's ``log_softmax(logits / T)``) whenever ``t
 truncated distribution the token was actually drawn from (docs/engines.md; set
 ``algorithm.recompute_old_logprobs: true`` when the ratio must be against the full softmax).
 
-The policy's weights reach vLLM through ``rollout.weights`` (checkpoint-named full tensors).
+The policy's weights reach vLLM through ``engines.vllm.weights`` (checkpoint-named full tensors).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from r3lightning.rollout.engine import Generation, SamplingParams, truncate_at_stop
-from r3lightning.rollout.weights import export_policy
+from r3lightning.engines.base import Generation, SamplingParams, truncate_at_stop
+from r3lightning.engines.vllm.weights import export_policy
 
 VLLM_MISSING = (
     "engine.backend=vllm needs vLLM, which is not installed. Install the extra: "

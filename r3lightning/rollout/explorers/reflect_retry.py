@@ -1,7 +1,7 @@
 """R³L exploration: reflect on each base trajectory, retry from its pivot, distill the retry.
 
 Per task (docs/r3l.md): ``group_size // 2`` base trajectories; the same policy writes a structured
-JSON reflection of each (``rollout.reflection``); a valid, non-``success`` reflection triggers a retry
+JSON reflection of each (``explorers.reflection``); a valid, non-``success`` reflection triggers a retry
 from ``retry_from_step`` k (fresh environment, first k actions replayed with their original tokens,
 guidance shown with the pivot observation only); the retry's guidance is then removed (context
 distillation) and the distilled trajectory joins the base ones in the group. Both members of a
@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
+from r3lightning.engines.base import SamplingParams
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget, sample_groups
-from r3lightning.rollout.reflection import Reflection, Reflector, diagnosis_of, load_template
+from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget, sample_groups
+from r3lightning.rollout.explorers.reflection import Reflection, Reflector, diagnosis_of, load_template
 from r3lightning.rollout.steps import split_final_turn
 from r3lightning.types import Group, Trajectory, Turn
 

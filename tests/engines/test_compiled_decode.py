@@ -1,4 +1,4 @@
-"""The compiled fused decoding step (``HFEngine(fused_compile=True)``, ``engine.hf_fused_compile``) equals
+"""The compiled fused decoding step (``HFEngine(decode="fused_compiled")``, ``engine.hf_decode: fused_compiled``) equals
 the eager fused step: greedy tokens identical and log-probs within 1e-5 (fp32) under inductor, through
 padding, shared prompts, prefix-cache hits, buffer widening and weight updates (qwen2; the layer code
 is shared with the eager step, which test_fused_decode.py holds to the forward for each architecture); new sizes share one
@@ -11,11 +11,10 @@ import pytest
 import torch
 from fused_models import chat_prompts, run_two_calls
 
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.compiled_step import column_bucket, compiled_graphs
+from r3lightning.engines.hf.engine import HFEngine
 from r3lightning.models import TinyModelSpec, build_tiny_model
-from r3lightning.rollout.compiled_decode import column_bucket, compiled_graphs
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.hf_engine import HFEngine
 
 
 def _assert_same(compiled, eager, atol: float) -> None:
@@ -38,8 +37,8 @@ def test_static_steps_equal_the_eager_fused_steps(world_tokenizer, temperature):
     same uniforms, so sampled tokens are equal too. The prefix cache sees the same keys and values."""
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)  # the family_models qwen2
     params = SamplingParams(temperature=temperature, max_new_tokens=12)
-    engine, compiled = run_two_calls(model, world_tokenizer, True, params, fused_compile=True, compile_backend="eager")
-    reference, eager = run_two_calls(model, world_tokenizer, True, params)
+    engine, compiled = run_two_calls(model, world_tokenizer, "fused_compiled", params, compile_backend="eager")
+    reference, eager = run_two_calls(model, world_tokenizer, "fused", params)
     _assert_same(compiled, eager, atol=1e-6)
     assert engine.stats["reused_prompt_tokens"] == reference.stats["reused_prompt_tokens"] > 0
     engine.flush_prefix_cache()
@@ -61,7 +60,7 @@ def test_inductor_compiled_steps_equal_the_eager_fused_steps(world_tokenizer):
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
     prompts = chat_prompts(world_tokenizer)  # of several lengths, one shared by four rows
     torch._dynamo.reset()  # or dynamo would reuse the code an ``eager``-backend test compiled for these shapes
-    compiled = HFEngine(model, world_tokenizer, fused_compile=True)
+    compiled = HFEngine(model, world_tokenizer, decode="fused_compiled")
     _assert_same(compiled.generate(prompts, params), HFEngine(model, world_tokenizer).generate(prompts, params), atol=1e-5)
     stats = compiled.compile_stats()
     assert stats["fused_compile"] and stats["graphs"] == 1 and stats["shapes_seen"] == 1
@@ -73,7 +72,7 @@ def test_compiled_steps_follow_parameter_updates(world_tokenizer):
     (no recompilation: the shape count stays)."""
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager")
+    compiled = HFEngine(model, world_tokenizer, decode="fused_compiled", compile_backend="eager")
     eager = HFEngine(model, world_tokenizer)
     prompts = chat_prompts(world_tokenizer)
     before = compiled.generate(prompts, params)
@@ -92,7 +91,7 @@ def test_new_sizes_share_one_dynamic_graph(world_tokenizer):
     torch._dynamo.reset()  # graphs earlier tests compiled for the same code would be reused
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager", prefix_cache=False)
+    compiled = HFEngine(model, world_tokenizer, decode="fused_compiled", compile_backend="eager", prefix_cache=False)
     eager = HFEngine(model, world_tokenizer, prefix_cache=False)
     prompts = chat_prompts(world_tokenizer)
     long_prompts = [p + p for p in prompts[:4]]  # a wider buffer
@@ -109,7 +108,7 @@ def test_a_group_batch_compiles_one_graph_and_counts_every_compilation(world_tok
     torch._dynamo.reset()
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
-    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager")
+    compiled = HFEngine(model, world_tokenizer, decode="fused_compiled", compile_backend="eager")
     compiled.stop_token_ids = {-1}  # every step decodes
     prompts = [prompt for prompt in chat_prompts(world_tokenizer, shared=False)[:2] for _ in range(4)]
     before = compiled_graphs()
@@ -123,7 +122,7 @@ def test_a_new_temperature_compiles_its_own_graph(world_tokenizer):
     their graph (dynamo's guards on them) and the eager step's tokens."""
     torch._dynamo.reset()
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
-    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager")
+    compiled = HFEngine(model, world_tokenizer, decode="fused_compiled", compile_backend="eager")
     eager = HFEngine(model, world_tokenizer)
     prompts = chat_prompts(world_tokenizer)
     for temperature in (0.0, 1.0, 0.0):
@@ -139,7 +138,7 @@ def test_unseen_shapes_beyond_the_graph_limit_decode_eagerly_and_are_counted(wor
     torch._dynamo.reset()
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    compiled = HFEngine(model, world_tokenizer, fused_compile=True, compile_backend="eager", prefix_cache=False)
+    compiled = HFEngine(model, world_tokenizer, decode="fused_compiled", compile_backend="eager", prefix_cache=False)
     eager = HFEngine(model, world_tokenizer, prefix_cache=False)
     prompts = chat_prompts(world_tokenizer)
     compiled.generate(prompts, params)
@@ -150,11 +149,3 @@ def test_unseen_shapes_beyond_the_graph_limit_decode_eagerly_and_are_counted(wor
     compiled.generate(prompts, params)  # the shape it has a graph for still runs compiled
     assert compiled.stats["fused_compile_skipped"] == 1
 
-
-def test_engine_config_fused_compile_option(world_tokenizer):
-    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
-    engine = build_engine(EngineConfig(hf_fused_compile=True), model, world_tokenizer)
-    assert engine.fused_compile and not engine.compile
-    assert not build_engine(EngineConfig(), model, world_tokenizer).fused_compile
-    with pytest.raises(ValueError, match="hf_fused_decode"):
-        build_engine(EngineConfig(hf_fused_compile=True, hf_fused_decode=False), model, world_tokenizer)

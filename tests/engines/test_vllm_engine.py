@@ -13,11 +13,11 @@ import pytest
 import torch
 from harness import TWO_LAYER_SPEC, free_port, run_workers
 
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.config import EngineConfig, build_engine
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.vllm.weights import iter_policy_weights, iter_weight_buckets
 from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.engine_config import EngineConfig, build_engine
-from r3lightning.rollout.hf_engine import HFEngine
-from r3lightning.rollout.weights import iter_policy_weights, iter_weight_buckets
 
 SPEC = TWO_LAYER_SPEC  # FSDP wraps each decoder layer: one is gathered while the other stays sharded
 CORPUS = ["What is 12 + 30? The answer is \\boxed{42}.", "go north. take the key. open the door."] * 20

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, Optional
 
+from r3lightning.engines.base import Generation, SamplingParams
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import Generation, SamplingParams
-from r3lightning.rollout.explorers import GuidanceBudget
+from r3lightning.rollout.explorers.base import GuidanceBudget
 from r3lightning.types import Trajectory
 
 OUTCOMES = ("success", "success_but_inefficient", "failure")

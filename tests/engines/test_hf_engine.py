@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from r3lightning.algos import selective_log_softmax
+from r3lightning.engines.base import SamplingParams, truncate_at_stop
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.hf.kv_cache import PrefixKVCache, batch_inputs, long_tensor
+from r3lightning.engines.hf.fused_step import FusedDecoder
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams, truncate_at_stop
-from r3lightning.rollout.fused_decode import FusedDecoder
-from r3lightning.rollout.hf_engine import HFEngine, PrefixKVCache, long_tensor
 
 
 def _prompts(tokenizer):
@@ -50,7 +51,7 @@ def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_
     steps = []
     step = FusedDecoder.step
     monkeypatch.setattr(FusedDecoder, "step", lambda self, *args: steps.append(1) or step(self, *args))
-    engine = HFEngine(world_policy, world_tokenizer, fused_decode=fused)
+    engine = HFEngine(world_policy, world_tokenizer, decode="fused" if fused else "forward")
     engine.stop_token_ids = {-1}  # every row decodes the whole budget
     prompts = [prompt for prompt in _prompts(world_tokenizer) for _ in range(3)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
@@ -63,7 +64,7 @@ def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_
     reused = engine.stats["reused_prompt_tokens"]
     continued = engine.generate(follow, greedy)
     assert engine.stats["reused_prompt_tokens"] > reused
-    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False, fused_decode=fused)
+    fresh = HFEngine(world_policy, world_tokenizer, prefix_cache=False, decode="fused" if fused else "forward")
     fresh.stop_token_ids = {-1}
     assert [g.token_ids for g in continued] == [fresh.generate([p], greedy)[0].token_ids for p in follow]
     torch.manual_seed(0)
@@ -195,13 +196,12 @@ def test_long_tensor_equals_torch_tensor_on_cpu_whatever_the_default_device():
     assert made[2].shape == (0,)
 
 
-def test_batch_layout_and_cached_prefixes_written_into_the_growing_buffer(world_tokenizer, world_policy):
+def test_batch_layout_and_cached_prefixes_written_into_the_growing_buffer(world_tokenizer):
     # Row 0 has 2 cached tokens and 1 to prefill, row 1 nothing cached and 3 to prefill: cached parts
     # are left-padded to 2 columns, suffixes to 3, so both rows end at column 5.
-    engine = HFEngine(world_policy, world_tokenizer)
     pad = world_tokenizer.pad_token_id
     keys, values = torch.arange(4.0).view(1, 2, 2), -torch.arange(4.0).view(1, 2, 2)  # [KVH, 2 cached, D]
-    ids, mask, past = engine._batch_inputs([[5, 6, 7], [9, 10, 11]], [(2, [(keys, values)]), (0, None)], torch.device("cpu"), new_tokens=3)
+    ids, mask, past = batch_inputs([[5, 6, 7], [9, 10, 11]], [(2, [(keys, values)]), (0, None)], pad, torch.device("cpu"), new_tokens=3)
     assert ids.tolist() == [[5, 6, pad, pad, 7], [pad, pad, 9, 10, 11]]
     assert mask.tolist() == [[1, 1, 0, 0, 1], [0, 0, 1, 1, 1]]
     layer = past.layers[0]

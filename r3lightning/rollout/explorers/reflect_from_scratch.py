@@ -16,12 +16,12 @@ from typing import Optional
 
 import dataclasses
 
+from r3lightning.engines.base import SamplingParams
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.explorers import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
-from r3lightning.rollout.reflect_retry import distill, retry_is_better
-from r3lightning.rollout.reflection import Reflector, load_template
+from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
+from r3lightning.rollout.explorers.reflect_retry import distill, retry_is_better
+from r3lightning.rollout.explorers.reflection import Reflector, load_template
 from r3lightning.types import Group, Trajectory
 
 

@@ -9,14 +9,14 @@ from fused_models import chat_prompts, family_models, run_two_calls, small_model
 from transformers import MistralConfig, MistralForCausalLM
 
 from r3lightning.models import TinyModelSpec, build_tiny_model
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.fused_decode import (
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.fused_step import (
     fused_decode_unsupported,
     grouped_decode_attention,
     padded_prefill_attention,
     rotate_half,
 )
-from r3lightning.rollout.hf_engine import HFEngine
+from r3lightning.engines.hf.engine import HFEngine
 
 
 def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_query_group():
@@ -62,8 +62,8 @@ def test_prefill_from_an_empty_cache_equals_the_forward(world_tokenizer, layers)
     only layer is the last, so the prefill attends from its last column alone."""
     model = build_tiny_model(TinyModelSpec(num_layers=layers), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    _, fused = run_two_calls(model, world_tokenizer, True, params, shared=False)
-    _, forward = run_two_calls(model, world_tokenizer, False, params, shared=False)
+    _, fused = run_two_calls(model, world_tokenizer, "fused", params, shared=False)
+    _, forward = run_two_calls(model, world_tokenizer, "forward", params, shared=False)
     assert [g.token_ids for g in fused] == [g.token_ids for g in forward]
     for a, b in zip(fused, forward):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
@@ -75,8 +75,8 @@ def test_half_precision_prefill_stays_finite_and_near_the_forward(world_tokenize
     in float32: log-probs finite and within the dtype's rounding of the forward's."""
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0).to(dtype)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    _, fused = run_two_calls(model, world_tokenizer, True, params, shared=False)
-    _, forward = run_two_calls(model, world_tokenizer, False, params, shared=False)
+    _, fused = run_two_calls(model, world_tokenizer, "fused", params, shared=False)
+    _, forward = run_two_calls(model, world_tokenizer, "forward", params, shared=False)
     for a, b in zip(fused, forward):
         assert torch.isfinite(torch.tensor(a.logprobs)).all()
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=0.05, rtol=0)
@@ -88,8 +88,8 @@ def test_fused_decoding_equals_the_forward(world_tokenizer, architecture, temper
     model = family_models(world_tokenizer)[architecture]
     assert fused_decode_unsupported(model) is None
     params = SamplingParams(temperature=temperature, max_new_tokens=12)
-    engine, fused = run_two_calls(model, world_tokenizer, True, params)
-    _, forward = run_two_calls(model, world_tokenizer, False, params)
+    engine, fused = run_two_calls(model, world_tokenizer, "fused", params)
+    _, forward = run_two_calls(model, world_tokenizer, "forward", params)
     assert engine.metrics()["perf/hf_fused_decode_off"] == 0 and engine._fused is not None
     # Sampling draws one uniform per row: the same draws pick the same tokens unless a draw falls within
     # float rounding of a boundary, which these runs never hit.
@@ -101,8 +101,8 @@ def test_fused_decoding_equals_the_forward(world_tokenizer, architecture, temper
 def test_fused_weights_follow_parameter_updates(world_tokenizer):
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    fused_engine = HFEngine(model, world_tokenizer, fused_decode=True)
-    forward_engine = HFEngine(model, world_tokenizer, fused_decode=False)
+    fused_engine = HFEngine(model, world_tokenizer, decode="fused")
+    forward_engine = HFEngine(model, world_tokenizer, decode="forward")
     prompts = chat_prompts(world_tokenizer)
     before = fused_engine.generate(prompts, params)
     with torch.no_grad():  # an optimizer step's in-place update
@@ -119,7 +119,7 @@ def test_fused_weights_follow_parameter_updates(world_tokenizer):
 def test_models_outside_the_family_decode_with_the_forward_and_are_counted(world_tokenizer):
     mistral = small_model(MistralConfig, MistralForCausalLM, world_tokenizer, sliding_window=None)
     assert "mistral" in fused_decode_unsupported(mistral)
-    engine = HFEngine(mistral, world_tokenizer, fused_decode=True)
+    engine = HFEngine(mistral, world_tokenizer, decode="fused")
     out = engine.generate(chat_prompts(world_tokenizer), SamplingParams(temperature=0.0, max_new_tokens=4))
     assert all(g.token_ids for g in out)
     assert engine.metrics()["perf/hf_fused_decode_off"] == 1 and engine._fused is None
@@ -130,7 +130,7 @@ def test_lora_policies_decode_with_the_forward(world_tokenizer):
 
     model = apply_lora(build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0), ModelConfig(lora_rank=4))
     assert "wrapper" in fused_decode_unsupported(model)
-    engine = HFEngine(model, world_tokenizer, fused_decode=True)
+    engine = HFEngine(model, world_tokenizer, decode="fused")
     engine.generate(chat_prompts(world_tokenizer), SamplingParams(temperature=1.0, max_new_tokens=4))
     assert engine.metrics()["perf/hf_fused_decode_off"] == 1
 

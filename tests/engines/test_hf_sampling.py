@@ -3,10 +3,10 @@ decoding gives transformers' ``generate`` tokens."""
 
 import torch
 
+from r3lightning.engines.base import SamplingParams
+from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.hf.sampling import sample_tokens
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.rollout.engine import SamplingParams
-from r3lightning.rollout.hf_engine import HFEngine
-from r3lightning.rollout.sampling import sample_tokens
 
 DRAWS = 40_000
 

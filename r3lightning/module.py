@@ -34,7 +34,7 @@ from r3lightning.data.step_rollout import StepRollout
 from r3lightning.forward import PrefixSharedForward, window_start
 from r3lightning.loss import loss_diagnostics, loss_terms, teacher_kl, update_statistics
 from r3lightning.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
-from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
+from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate, sum_gradients_over_ranks
 from r3lightning.rollout.engine import RolloutEngine
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics
@@ -280,7 +280,8 @@ class R3LightningModule(L.LightningModule):
                 for name, value in losses.items():
                     value = float(value.detach())
                     sums[name] = max(sums.get(name, value), value) if name == "ratio_max" else sums.get(name, 0.0) + value
-            self._sum_gradients_over_ranks()
+            if self._sums_gradients_itself() and self.trainer.world_size > 1:
+                sum_gradients_over_ranks([p for p in self.policy.parameters() if p.requires_grad])
             stats = self._finish_update(optimizer, sums)
         stats["perf/train_forward_token_frac"] = self.prefix_forward.token_fraction()
         stats["perf/train_prefix_sharing_off"] = float(self.prefix_forward.sharing_off)
@@ -306,23 +307,8 @@ class R3LightningModule(L.LightningModule):
     def on_train_start(self) -> None:
         if self._sums_gradients_itself():
             # DDP's reducer expects exactly one backward per forward; a step here runs a backward per
-            # micro-batch inside one forward. Gradients are summed by _sum_gradients_over_ranks.
+            # micro-batch inside one forward. Gradients are summed by ``optimize`` (``sum_gradients_over_ranks``).
             self.trainer.model.require_backward_grad_sync = False
-
-    def _sum_gradients_over_ranks(self) -> None:
-        """All-reduce (sum) every trainable gradient in one flat buffer; missing ones count as zero so
-        every rank sends the same layout."""
-        if not self._sums_gradients_itself() or self.trainer.world_size == 1:
-            return
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = torch._utils._flatten_dense_tensors(grads)
-        torch.distributed.all_reduce(flat)
-        for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            grad.copy_(summed)
 
     # ---- a frozen teacher (ReflectRL's reflective-to-direct distillation) -----------------------
     @property

@@ -6,7 +6,8 @@ ranking then adjusts its failures' advantages from this module's entropies), and
 in micro-batches with manual optimization. Every loss is normalized by the *global* number of loss
 tokens (or sequences) of the step, all-reduced over ranks, so the result does not depend on how the
 batch was split into micro-batches or ranks. The forwards are in ``r3lightning.forward``, the loss in
-``r3lightning.loss``; the module uses the datamodule through ``connect``, ``rollout`` and ``evaluate``.
+``r3lightning.loss``. The module uses the datamodule through ``connect``, ``rollout`` and ``evaluate``
+(and ``tokenizer_corpus`` when it trains an in-memory tokenizer): docs/design.md, "One training step".
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class VLLMWeightSync(L.Callback):
         self.synced_step = trainer.global_step
         if bump_version:
             self.num_syncs += 1
-            engine.weight_version += 1
+            pl_module.stamp_weight_version(engine.weight_version + 1)
         self._pending["time/sync_s"] = self.last_sync_s
         return self.last_sync_s
 

@@ -1,10 +1,13 @@
-"""Optimizer settings, training phases, and the learning rate as a pure function of the step."""
+"""Optimizer settings, training phases, the learning rate as a pure function of the step, and the
+gradients' sum over ranks."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Literal, Optional
+
+import torch
 
 
 @dataclass
@@ -87,3 +90,16 @@ def scheduled_learning_rate(step: int, optim: OptimConfig, sft_steps: int, total
         floor = optim.min_lr_ratio
         rate *= floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return rate * warm_up
+
+
+def sum_gradients_over_ranks(params: list[torch.nn.Parameter]) -> None:
+    """All-reduce (sum) the gradients of ``params`` in one flat buffer; missing ones count as zero so
+    every rank sends the same layout."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    torch.distributed.all_reduce(flat)
+    for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        grad.copy_(summed)

@@ -28,6 +28,8 @@ LAYERS = {
     "r3lightning.checkpoint_io": 4,
     "r3lightning.checkpoint_state": 4,
     "r3lightning.module": 4,
+    "r3lightning.forward": 4,
+    "r3lightning.loss": 4,
     "r3lightning.cli": 5,
     "r3lightning.config_yaml": 0,
     "r3lightning.console": 5,

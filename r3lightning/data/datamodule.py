@@ -6,8 +6,10 @@ their index, so prefetching is harmless) and the module calls ``rollout`` inside
 rollout *k* always uses the weights after update *k-1*. The cursor counts *consumed* batches, so a
 checkpoint taken mid-run resumes at exactly the next unseen batch.
 
-The module connects the datamodule to its engine and tokenizer once (``connect``); from then on a
-step asks for one thing, ``rollout(batch, phase)``, and gets an ``Exploration`` back.
+The module uses the datamodule through three methods: ``connect`` (once: the engine and tokenizer
+every rollout uses, and the objective, whose pairing with the explorer is checked there),
+``rollout(batch, phase)`` (each training step: a ``StepRollout``, the exploration with everything the
+objective reads from the data side) and ``evaluate`` (validation episodes).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Iterator, Optional
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
+from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.envs.base import Task, TaskSuite
 from r3lightning.envs.math_sources import numbered_jsonl_rows
 from r3lightning.rollout.agent_loop import (
@@ -37,7 +41,9 @@ from r3lightning.state_checks import expect_int
 from r3lightning.rollout.env_calls import SuiteCalls, check_suite
 from r3lightning.engines.base import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, Explorer, SampleExplorer
+from r3lightning.data.combinations import check_combination
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, check_replay_state, record_step, replay_into_groups
+from r3lightning.data.step_rollout import StepRollout
 from r3lightning.rollout.explorers.reflection import Reflector, load_template
 from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
 from r3lightning.types import Trajectory, Turn
@@ -45,10 +51,12 @@ from r3lightning.types import Trajectory, Turn
 
 @dataclass
 class TaskBatch:
-    """The tasks of one training step on this rank. step: the global batch index (cursor)."""
+    """The tasks of one training step on this rank. step: the global batch index (cursor; -1 for
+    validation). val_samples: sampled episodes per task of a validation batch (``data.val_samples``)."""
 
     step: int
     tasks: list[Task]
+    val_samples: int = 1
 
 
 def _identity(batch):
@@ -202,7 +210,7 @@ class RolloutDataModule(L.LightningDataModule):
         if not tasks:
             raise ValueError("data.suite produced no validation tasks for this rank; raise num_val_tasks")
         n = self.val_tasks_per_batch
-        batches = [TaskBatch(-1, tasks[i : i + n]) for i in range(0, len(tasks), n)]
+        batches = [TaskBatch(-1, tasks[i : i + n], self.val_samples) for i in range(0, len(tasks), n)]
         return DataLoader(batches, batch_size=None, collate_fn=_identity, num_workers=0)
 
     def state_dict(self) -> dict:
@@ -256,11 +264,26 @@ class RolloutDataModule(L.LightningDataModule):
         return Reflector(1.0, 192, load_template("", "reflection.txt"), load_template("", "guidance.txt"))
 
     # ---- experience ---------------------------------------------------------------------------
-    def connect(self, engine: RolloutEngine, tokenizer) -> None:
-        """Bind the engine and tokenizer every rollout uses (once, when the module has built them)."""
+    def connect(self, engine: RolloutEngine, tokenizer, objective: AlgorithmConfig) -> None:
+        """Bind the engine and tokenizer every rollout uses (once, when the module has built them), and
+        refuse an ``objective`` this datamodule's explorer and sampling would leave inert or undefined."""
+        self.check_objective(objective)
         self.tokenizer = tokenizer
         self.loop = AgentLoop(self.suite, engine, tokenizer, self.agent)
         self.check_prompt_room()
+
+    def check_objective(self, objective: AlgorithmConfig) -> None:
+        """The explorer × objective pairing (``check_combination``: errors raised, doubtful pairs warned)
+        and R³'s ranking window against the answer budget."""
+        for warning in check_combination(objective, self.explorer, self.demos.reflections):
+            rank_zero_warn(warning)
+        ranking = objective.ranking
+        if ranking.enabled and 2 * ranking.window > self.sampling.max_new_tokens:
+            raise ValueError(
+                f"model.algorithm.ranking.window ({ranking.window}) cannot make two windows within "
+                f"data.sampling.max_new_tokens ({self.sampling.max_new_tokens}): the stability score would be "
+                f"undefined for every response; set the window to at most {self.sampling.max_new_tokens // 2}"
+            )
 
     def check_prompt_room(self, num_tasks: int = 8) -> None:
         """Refuse a context that cannot hold a task's first prompt (with what the explorer adds to it)
@@ -304,7 +327,7 @@ class RolloutDataModule(L.LightningDataModule):
     @property
     def connected_loop(self) -> AgentLoop:
         if self.loop is None:
-            raise RuntimeError("RolloutDataModule.connect(engine, tokenizer) must be called before rollouts")
+            raise RuntimeError("RolloutDataModule.connect(engine, tokenizer, objective) must be called before rollouts")
         return self.loop
 
     @property
@@ -317,10 +340,10 @@ class RolloutDataModule(L.LightningDataModule):
         rank, _ = self._rank_world()
         return (self.seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**31 - 1)
 
-    def rollout(self, batch: TaskBatch, phase: str) -> Exploration:
-        """The experience of one training step: demonstrations (``phase == "sft"``, all for the SFT
-        head) or the explorer's groups (``"rl"``), made with the engine's current weights. Marks the
-        batch consumed (the checkpointed cursor)."""
+    def rollout(self, batch: TaskBatch, phase: str) -> StepRollout:
+        """The samples of one training step: demonstrations (``phase == "sft"``, all for the SFT head)
+        or the explorer's groups (``"rl"``), made with the engine's current weights, with how the
+        objective scores them. Marks the batch consumed (the checkpointed cursor)."""
         self.cursor = batch.step + 1
         if phase == "sft":
             loop = self.connected_loop if self.demos.source == "suite" else None
@@ -331,7 +354,7 @@ class RolloutDataModule(L.LightningDataModule):
             metrics = {"warmstart/replay_failures": float(len(demos) - len(kept))}
             if loop is not None:
                 metrics["warmstart/env_call_errors"] = float(loop.env_calls.failures - failures)
-            return Exploration(groups=[], sft=kept, metrics=metrics)
+            return self.scored(Exploration(groups=[], sft=kept, metrics=metrics))
         seed = self.rollout_seed(batch.step)
         spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward, self.buffer, random.Random(seed))
         loop = self.connected_loop
@@ -349,7 +372,11 @@ class RolloutDataModule(L.LightningDataModule):
             exploration.metrics.update(figures)
         elif self.buffer is not None:
             record_step(exploration.groups, self.buffer, batch.step)
-        return exploration
+        return self.scored(exploration)
+
+    def scored(self, exploration: Exploration) -> StepRollout:
+        """``exploration`` with the reward scale, sampling temperature and replay behaviour it is scored with."""
+        return StepRollout(exploration, self.max_reward, self.scoring_temperature, self.replay.behaviour)
 
     def evaluate(self, tasks: list[Task], greedy: bool, samples: int = 1) -> list[Trajectory]:
         """``samples`` validation episodes per task (task-major: task 0's, then task 1's...), greedy or

@@ -1,28 +1,22 @@
 """The one experience path: an exploration in, the ExperienceBatch a step trains on out.
 
-A pure function of its inputs (no Lightning, no model): rewards, group advantages (then an optional
-adjustment hook, R³'s ranking bonus), of the RL trajectories (errored rewards excluded), positive amplification, the
-masks (pivotal credit, truncation, SFT rows; meta-task samples as +1 RL rows when the objective says
-so) and padding. Every method goes through it; the SFT
-warm-start is an exploration with SFT samples only.
+A pure function of its inputs (no Lightning, no model): rewards, group advantages of the RL
+trajectories (errored rewards excluded), positive amplification, the masks (pivotal credit,
+truncation, SFT rows; meta-task samples as +1 RL rows when the objective says so) and padding. Every
+method goes through it; the SFT warm-start is an exploration with SFT samples only. R³'s ranking
+bonus is applied afterwards to the batch it returns (``data.failure_ranking.rank_failed_rows``), from
+entropies the trainer computes on that batch's RL rows.
 """
 
 from __future__ import annotations
-
-from typing import Callable, Optional
 
 import torch
 
 from r3lightning import algos
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.collate import collate_experience
-from r3lightning.rollout.explorers.base import Exploration
+from r3lightning.data.step_rollout import StepRollout
 from r3lightning.types import ExperienceBatch, Group, Trajectory
-
-AdvantageAdjustment = Callable[[list[Group], torch.Tensor], torch.Tensor]
-"""Maps the RL groups and their advantages [N] (group-major order, after the group estimator and
-positive amplification) to adjusted advantages [N], e.g. R³'s ranking bonus for failed samples. It sees
-the groups exactly as the explorer made them."""
 
 
 def group_advantages(
@@ -44,33 +38,25 @@ def group_advantages(
     return advantages
 
 
-def make_experience(
-    exploration: Exploration,
-    objective: AlgorithmConfig,
-    max_reward: float,
-    pad_token_id: int,
-    temperature: float = 1.0,
-    adjust_advantages: Optional[AdvantageAdjustment] = None,
-    replay_behaviour: str = "stored",
-) -> tuple[ExperienceBatch, list[Trajectory]]:
-    """(the padded batch, its trajectories in row order: the RL groups' members, then the SFT samples).
-
-    temperature: the sampling temperature the RL rows were drawn at (the trainer scores them under it).
-    adjust_advantages: optional hook applied to the group advantages (``AdvantageAdjustment``).
-    replay_behaviour: how replayed rows are scored (``ExperienceBatch.behaviour``): ``stored`` (the
-        ratio against the log-probs of the policy that sampled them) or ``pinned`` (as if on-policy).
-    """
-    groups = exploration.groups
+def rl_advantages(groups: list[Group], objective: AlgorithmConfig, max_reward: float) -> torch.Tensor:
+    """Advantages [N] of the groups' trajectories in group-major order (``group_advantages``)."""
     rl = [t for g in groups for t in g.trajectories]
     group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
     rewards = torch.tensor([t.reward for t in rl], dtype=torch.float32)
     valid = torch.tensor([not t.reward_error for t in rl], dtype=torch.bool)
-    advantages = group_advantages(rewards, group_index, valid, objective, max_reward)
-    if adjust_advantages is not None and rl:
-        adjusted = adjust_advantages(groups, advantages)
-        if adjusted.shape != advantages.shape:
-            raise ValueError(f"advantage adjustment returned shape {tuple(adjusted.shape)} for {len(rl)} trajectories")
-        advantages = adjusted * valid
+    return group_advantages(rewards, group_index, valid, objective, max_reward)
+
+
+def make_experience(
+    rollout: StepRollout, objective: AlgorithmConfig, pad_token_id: int
+) -> tuple[ExperienceBatch, list[Trajectory]]:
+    """(the padded batch, its trajectories in row order: the RL groups' members, then the SFT samples).
+
+    The batch is scored at ``rollout.temperature``; replayed rows' behaviour is ``rollout.replay_behaviour``.
+    """
+    exploration = rollout.exploration
+    rl = exploration.trajectories
+    advantages = rl_advantages(exploration.groups, objective, rollout.max_reward)
     sft = list(exploration.sft)
     # The reference code trains meta-task samples as singleton groups of reward 1: advantage +1 in
     # the pooled RL loss. Demonstrations stay with the SFT head either way.
@@ -82,11 +68,11 @@ def make_experience(
         pad_token_id,
         pivotal_credit=objective.pivotal_credit,
         sft_rows=[False] * len(rl) + [not positive for positive in as_positive],
-        replay_behaviour=replay_behaviour,
+        replay_behaviour=rollout.replay_behaviour,
     )
     if objective.mask_truncated:
         truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool).unsqueeze(1)
         experience.loss_mask = experience.loss_mask.masked_fill(truncated, 0.0)
         experience.advantages = experience.advantages * experience.loss_mask
-    experience.temperature = temperature
+    experience.temperature = rollout.temperature
     return experience, trajectories

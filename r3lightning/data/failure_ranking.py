@@ -1,7 +1,8 @@
 """R³'s ranking of a step's failed samples, from the entropies the trainer computed (``algos.ranking``).
 
-The module scores the RL rows' per-token entropies with its own forward pass; this turns them into the
-adjusted advantages and the activity figures that show the ranking acted (docs/monitoring.md).
+The module scores the per-token entropies of the collated batch's RL rows with its own forward pass and
+hands them here; this turns them into the batch's adjusted advantages and the activity figures that
+show the ranking acted (docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from r3lightning import algos
-from r3lightning.algos.objective import RankingConfig
-from r3lightning.types import Group, Trajectory
+from r3lightning.algos.objective import AlgorithmConfig, RankingConfig
+from r3lightning.data.experience import rl_advantages
+from r3lightning.types import ExperienceBatch, Group, Trajectory
 
 
 @dataclass
@@ -95,6 +97,24 @@ def rank_failures(
         length_corr=_centred_correlation(bonus[in_ranked_group].double(), centred_length[in_ranked_group]),
     )
     return adjusted, activity
+
+
+def rank_failed_rows(
+    experience: ExperienceBatch, groups: list[Group], entropy: torch.Tensor, objective: AlgorithmConfig, max_reward: float
+) -> RankingActivity:
+    """Give the failed RL rows of ``experience`` (``make_experience``'s batch of ``groups``: their N
+    trajectories are its first N rows) their ranking bonus, in place; returns what the ranking did.
+
+    entropy: [N, T'-1] per-prediction entropy of those rows as ``experience.slice(0, N)`` trims them.
+    """
+    rl = [t for g in groups for t in g.trajectories]
+    rows = experience.slice(0, len(rl))
+    response = (rows.turn_index[:, 1:] >= 0).float()
+    advantages = rl_advantages(groups, objective, max_reward)
+    adjusted, activity = rank_failures(groups, advantages, entropy, response, objective.ranking, max_reward)
+    valid = torch.tensor([not t.reward_error for t in rl], dtype=torch.bool)
+    experience.advantages[: len(rl)] = (adjusted * valid).unsqueeze(1) * experience.loss_mask[: len(rl)]
+    return activity
 
 
 def _group_mean(values: torch.Tensor, rows: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:

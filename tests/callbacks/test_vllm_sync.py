@@ -22,7 +22,7 @@ CORPUS = ["What is 17 + 25? The answer is \\boxed{42}.", "Name three colours: re
 
 
 class Host(torch.nn.Module):
-    """The parts of R3LightningModule the callback uses (policy, engine, tokenizer, device, log)."""
+    """The parts of R3LightningModule the callback uses (policy, engine, tokenizer, device, log, stamp_weight_version)."""
 
     def __init__(self, policy, engine, tokenizer):
         super().__init__()
@@ -35,6 +35,9 @@ class Host(torch.nn.Module):
 
     def log(self, name, value, **kwargs):
         self.logged[name] = value
+
+    def stamp_weight_version(self, version):
+        self.engine.weight_version = version
 
 
 def fake_trainer(host, step=0):

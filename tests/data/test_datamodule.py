@@ -6,6 +6,7 @@ import pytest
 import torch
 from harness import TINY_SPEC
 
+from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.datamodule import TaskStream, conversation_trajectory, load_chat_jsonl
 from r3lightning.types import Trajectory, Turn
@@ -128,7 +129,7 @@ def test_reflection_demos_limited_to_reflection_tasks_per_step():
     )
     tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=TINY_SPEC.vocab_size)
     engine = HFEngine(build_tiny_model(TINY_SPEC, tokenizer), tokenizer)
-    dm.connect(engine, tokenizer)
+    dm.connect(engine, tokenizer, AlgorithmConfig())
     demos = dm.demonstrations(TaskBatch(step=0, tasks=[suite.train_task(0), suite.train_task(1)]))
     origins = [d.origin for d in demos]
     assert origins.count("demo") == 4 and origins.count("reflect_sft") == 1 and origins.count("retry_sft") <= 1

@@ -5,8 +5,12 @@ import math
 import pytest
 import torch
 
-from r3lightning.algos.objective import RankingConfig
-from r3lightning.data.failure_ranking import failure_tier, rank_failures
+from r3lightning.algos.objective import AlgorithmConfig, RankingConfig
+from r3lightning.data.collate import collate_experience
+from r3lightning.data.experience import make_experience
+from r3lightning.data.failure_ranking import failure_tier, rank_failed_rows, rank_failures
+from r3lightning.data.step_rollout import StepRollout
+from r3lightning.rollout.explorers.base import Exploration
 from r3lightning.types import Group, Trajectory, Turn
 
 
@@ -53,3 +57,28 @@ def test_a_ranking_that_follows_length_shows_in_its_correlation():
     adjusted, activity = rank_failures([group], torch.zeros(5), entropy, mask, cfg, max_reward=1.0)
     assert adjusted.tolist() == pytest.approx([0.0] * 5) and math.isnan(activity.length_corr)
     assert "activity/ranking_length_corr" not in activity.metrics()
+
+
+def test_the_collated_batch_gets_the_bonus_on_its_rl_rows_only():
+    """The ranking reads the RL rows of the batch the step trains on (no second collation: those rows,
+    trimmed, are what collating them alone gives) and writes their advantages there; the SFT row, wider
+    than every RL row, keeps its own; a truncated failure's masked tokens stay 0."""
+    group = Group("t", [traj(1.0, 4), traj(0.0, 4), traj(0.0, 2), traj(0.0, 3, truncated=True)])
+    sft = Trajectory("t", [Turn([1, 2], list(range(3, 12)))], reward=1.0, origin="reflect_sft")
+    objective = AlgorithmConfig(advantage="opmd", mask_truncated=True, ranking=RankingConfig(enabled=True, top_k=1, window=1, delta=0.2))
+    experience, _ = make_experience(StepRollout(Exploration([group], sft=[sft])), objective, pad_token_id=0)
+    rows = experience.slice(0, 4)
+    alone = collate_experience(group.trajectories, [0.0] * 4, 0, pivotal_credit=False)
+    assert rows.input_ids.shape[1] < experience.input_ids.shape[1]
+    assert torch.equal(rows.input_ids, alone.input_ids) and torch.equal(rows.turn_index, alone.turn_index)
+    entropy, _ = entropy_rows([[0.1] * 4, [0.1, 2.0, 0.1, 0.1], [0.1] * 2, [0.1] * 3], width=4)
+    entropy = torch.cat([torch.zeros(4, 1), entropy], dim=1)  # prediction 0 reads a prompt token
+    sft_before = experience.advantages[4].clone()
+    activity = rank_failed_rows(experience, [group], entropy, objective, max_reward=1.0)
+    adjusted, expected_activity = rank_failures(
+        [group], torch.tensor([0.75, -0.25, -0.25, -0.25]), entropy, (alone.turn_index[:, 1:] >= 0).float(), objective.ranking, 1.0
+    )
+    assert experience.advantages[:4].tolist() == (adjusted.unsqueeze(1) * experience.loss_mask[:4]).tolist()
+    assert adjusted[1] > -0.25 and experience.advantages[3].abs().sum() == 0  # the fork ranks first; truncated: masked
+    assert torch.equal(experience.advantages[4], sft_before)
+    assert activity == expected_activity and activity.ranked == 3

@@ -8,6 +8,7 @@ import torch
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.experience import make_experience
+from r3lightning.data.step_rollout import StepRollout
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, record_step, replay_into_groups
 from r3lightning.rollout.agent_loop import AgentLoop
 from r3lightning.rollout.explorers.base import Exploration
@@ -90,9 +91,9 @@ def test_replayed_rows_keep_their_stored_behaviour_and_get_the_ratio_against_it(
     fresh = Trajectory("a", [Turn(ids[:3], ids[3:], [-1.0] * len(ids[3:]))], reward=0.0)
     replayed = Trajectory("a", [Turn(ids[:3], ids[3:], [-4.0] * len(ids[3:]))], reward=1.0, success=True, origin="replay")
     exploration = Exploration([Group("a", [fresh, replayed])])
-    experience, _ = make_experience(exploration, AlgorithmConfig(policy_loss="ppo_clip"), 1.0, world_tokenizer.pad_token_id)
+    experience, _ = make_experience(StepRollout(exploration), AlgorithmConfig(policy_loss="ppo_clip"), world_tokenizer.pad_token_id)
     assert experience.behaviour == ["sampled", "stored"]
-    pinned, _ = make_experience(exploration, AlgorithmConfig(), 1.0, world_tokenizer.pad_token_id, replay_behaviour="pinned")
+    pinned, _ = make_experience(StepRollout(exploration, replay_behaviour="pinned"), AlgorithmConfig(), world_tokenizer.pad_token_id)
     assert pinned.behaviour == ["sampled", "pinned"]
 
     module = R3LightningModule(algorithm=AlgorithmConfig(policy_loss="ppo_clip"))
@@ -101,7 +102,7 @@ def test_replayed_rows_keep_their_stored_behaviour_and_get_the_ratio_against_it(
     totals = {"rl_tokens": float(mask.sum()), "rl_seqs": 2.0, "sft_tokens": 0.0, "sft_seqs": 0.0}
     out = module.micro_batch_loss(experience, totals)
     with torch.no_grad():
-        logp, _ = module.sequence_logprobs(world_policy, experience)
+        logp, _ = module.prefix_forward.sequence_logprobs(world_policy, experience)
         ratio = torch.exp(logp - experience.old_logprobs[:, 1:])
     torch.testing.assert_close(out["ratio_sum"], (ratio * mask).sum())
     assert torch.all(experience.old_logprobs[1, 1:][mask[1].bool()] == -4.0)  # the stored ones, not the current policy's

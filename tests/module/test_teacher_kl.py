@@ -7,6 +7,7 @@ import torch
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.experience import make_experience
+from r3lightning.data.step_rollout import StepRollout
 from r3lightning.models import build_tiny_model
 from r3lightning.module import R3LightningModule
 from r3lightning.rollout.explorers.base import Exploration
@@ -18,7 +19,7 @@ def batch(tokenizer):
     ids = tokenizer("Compute 2+3. \\boxed{5}", add_special_tokens=False)["input_ids"]
     turns = [Turn(ids[:4], ids[4:], [-1.0] * len(ids[4:]))]
     groups = [Group("t", [Trajectory("t", turns, reward=1.0, success=True), Trajectory("t", turns, reward=0.0)])]
-    experience, _ = make_experience(Exploration(groups), AlgorithmConfig(policy_loss="pg"), 1.0, tokenizer.pad_token_id)
+    experience, _ = make_experience(StepRollout(Exploration(groups)), AlgorithmConfig(policy_loss="pg"), tokenizer.pad_token_id)
     return experience
 
 

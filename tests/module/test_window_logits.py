@@ -6,6 +6,7 @@ import torch
 from harness import module_and_data, quiet_trainer
 
 from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.forward import window_start
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +25,15 @@ def _full_logits(module, experience):
 
 def test_window_logits_equal_the_full_forward(trained):
     module, experience = trained
-    start = module.window_start(experience)
+    start = window_start(experience)
     prompts = {tuple(row[: start].tolist()) for row in experience.input_ids}
     assert start > 0 and len(prompts) < len(experience)  # groups share their prompt: the shared path runs
     with torch.no_grad():
         full = _full_logits(module, experience)
-        window = module.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
-        logp, _ = module.sequence_logprobs(module.policy, experience, start)
-        full_logp, _ = module.sequence_logprobs(module.policy, experience)
-        unshared = module.window_logits(module.policy, experience.input_ids[:1], experience.attention_mask[:1], start)
+        window = module.prefix_forward.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
+        logp, _ = module.prefix_forward.sequence_logprobs(module.policy, experience, start)
+        full_logp, _ = module.prefix_forward.sequence_logprobs(module.policy, experience)
+        unshared = module.prefix_forward.window_logits(module.policy, experience.input_ids[:1], experience.attention_mask[:1], start)
     assert window.shape == (len(experience), experience.input_ids.shape[1] - 1 - start, full.shape[-1])
     torch.testing.assert_close(window, full[:, start:], atol=1e-5, rtol=0)
     torch.testing.assert_close(logp, full_logp[:, start:], atol=1e-6, rtol=0)
@@ -52,7 +53,7 @@ def _loss_and_gradients(module, experience):
 def test_losses_and_gradients_equal_the_full_forward(trained, monkeypatch):
     module, experience = trained
     windowed, grads = _loss_and_gradients(module, experience)
-    monkeypatch.setattr(module, "window_start", lambda batch: 0)
+    monkeypatch.setattr("r3lightning.module.window_start", lambda batch: 0)
     full, full_grads = _loss_and_gradients(module, experience)
     assert windowed.keys() == full.keys()
     for name in full:
@@ -62,17 +63,17 @@ def test_losses_and_gradients_equal_the_full_forward(trained, monkeypatch):
 
 def test_gradient_checkpointing_falls_back_to_per_row_prefixes_and_counts_it(trained):
     module, experience = trained
-    start = module.window_start(experience)
+    start = window_start(experience)
     with torch.no_grad():
-        shared = module.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
-    before = module.prefix_sharing_off
+        shared = module.prefix_forward.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
+    before = module.prefix_forward.sharing_off
     module.policy.gradient_checkpointing_enable()
     try:
         with torch.no_grad():
-            recomputed = module.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
+            recomputed = module.prefix_forward.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
     finally:
         module.policy.gradient_checkpointing_disable()
-    assert module.prefix_sharing_off == before + 1
+    assert module.prefix_forward.sharing_off == before + 1
     torch.testing.assert_close(recomputed, shared, atol=1e-5, rtol=0)
 
 
@@ -81,7 +82,7 @@ def test_response_entropy_equals_the_full_forward_at_response_tokens(trained):
 
     module, experience = trained
     with torch.no_grad():
-        entropy = module.response_entropy(experience)
+        entropy = module.prefix_forward.response_entropy(module.policy, experience, module.optim_config.micro_batch_size, module.device)
         full = algos.entropy_from_logits(_full_logits(module, experience) / experience.temperature)
     response = experience.turn_index[:, 1:] >= 0
     assert response.any() and entropy.shape == full.shape

@@ -28,16 +28,16 @@ from r3lightning import algos
 from r3lightning.algos.context_distillation import aligned_predictions, prompt_lengths, splice_prompts
 from r3lightning.algos.logprobs import scored_window_start
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
-from r3lightning.checkpoint_state import check_checkpoint_state
+from r3lightning.training.checkpoint_state import allow_in_checkpoints, check_loadable, r3lightning_section
+from r3lightning.training.checkpoint_state import check_checkpoint_state
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.combinations import check_combination
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.data.evaluation import validation_figures, validation_names
 from r3lightning.data.experience import make_experience
 from r3lightning.data.failure_ranking import RankingActivity, rank_failures
-from r3lightning.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
-from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
+from r3lightning.training.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.training.optim import OptimConfig, PhaseConfig, scheduled_learning_rate
 from r3lightning.rollout.engine import RolloutEngine
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics

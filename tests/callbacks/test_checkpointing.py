@@ -14,8 +14,8 @@ import torch
 from harness import BASE_RECIPE, ROOT, module_and_data, parse_only_cli, quiet_trainer
 
 from r3lightning.callbacks.checkpointing import StepCheckpoint
-from r3lightning.checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write
-from r3lightning.cli import R3LightningCLI, resolve_last_ckpt_path
+from r3lightning.checkpointing.io import AtomicCheckpointIO, atomic_torch_save, atomic_write
+from r3lightning.cli.main import R3LightningCLI, resolve_last_ckpt_path
 
 
 def saved_step(path) -> int:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from fused_models import chat_prompts, run_two_calls
 
-from r3lightning.models import TinyModelSpec, build_tiny_model
+from r3lightning.training.models import TinyModelSpec, build_tiny_model
 from r3lightning.rollout.compiled_decode import column_bucket, compiled_graphs
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.engine_config import EngineConfig, build_engine

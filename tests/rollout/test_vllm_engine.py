@@ -13,7 +13,7 @@ import pytest
 import torch
 from harness import TWO_LAYER_SPEC, free_port, run_workers
 
-from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
+from r3lightning.training.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
 from r3lightning.rollout.engine import SamplingParams
 from r3lightning.rollout.engine_config import EngineConfig, build_engine
 from r3lightning.rollout.hf_engine import HFEngine
@@ -123,7 +123,7 @@ def _fsdp_worker(rank, world, port, tokenizer_json, spec_dict, result_path):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
-        from r3lightning.models import tokenizer_from_json
+        from r3lightning.training.models import tokenizer_from_json
 
         tok = tokenizer_from_json(tokenizer_json)
         model = build_tiny_model(TinyModelSpec(**spec_dict), tok, seed=0)

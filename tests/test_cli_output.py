@@ -27,7 +27,7 @@ SHORT_FIT = [
 
 def r3l(args, cwd, timeout=300):
     script = Path(sys.executable).with_name("r3l")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "r3lightning.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "r3lightning.cli.main"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONWARNINGS", None)
     return subprocess.run(command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from harness import TINY_CLI_RUN
 
-from r3lightning import console
+from r3lightning.cli import console
 
 def run_console(args, cache, timeout=300):
     """``r3lightning.cli.console.main(args)`` in a fresh interpreter; its last stderr line is the exit status

@@ -63,7 +63,7 @@ from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script'
 
 from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402
-from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters  # noqa: E402
+from r3lightning.training.models import TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters  # noqa: E402
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest  # noqa: E402
 from r3lightning.engines.base import SamplingParams  # noqa: E402
 from r3lightning.engines.hf.engine import HFEngine  # noqa: E402

@@ -46,7 +46,7 @@ def run_at(commit: str, recipe: str, threads: int, work: str, extra: list[str]) 
     try:
         logs = os.path.join(work, f"logs_{commit}")
         code = (
-            f"import sys, torch; torch.set_num_threads({threads}); from r3lightning.cli import main; "
+            f"import sys, torch; torch.set_num_threads({threads}); from r3lightning.cli.main import main; "
             f"main(['fit', '--config', {recipe!r}, '--trainer.logger.init_args.save_dir', {logs!r}, *{extra!r}])"
         )
         env = {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}

@@ -45,7 +45,7 @@ AMPLIFIED = ("r3l", "r3l_oracle", "r3l_reference", "r3l_wo_reflect", "r3l_wo_cre
 
 def _fit(overrides: list[str]):
     from r3lightning.callbacks.phase_report import PhaseReport
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     cli = R3LightningCLI(args=["fit", *overrides])
     report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PhaseReport))

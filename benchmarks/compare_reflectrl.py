@@ -119,7 +119,7 @@ def build_sft(args: argparse.Namespace, seed: int, work: Path) -> tuple[dict[str
         files[pipeline] = out
         if not Path(f"{out}.summary.json").exists():
             subprocess.run(
-                [sys.executable, "-c", "from r3lightning.cli import main; main()", "reflect-sft", "--config", str(STUDENT_YAML),
+                [sys.executable, "-c", "from r3lightning.cli.main import main; main()", "reflect-sft", "--config", str(STUDENT_YAML),
                  "--pool", args.pool, "--out", str(out), "--seed", str(seed), *extra],
                 check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
             )
@@ -129,7 +129,7 @@ def build_sft(args: argparse.Namespace, seed: int, work: Path) -> tuple[dict[str
 
 def _fit(config_path: Path, extra: list[str]):
     from r3lightning.callbacks import PhaseReport, ReflectiveToDirectDistillation
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     cli = R3LightningCLI(args=["fit", "--config", str(config_path), "--trainer.enable_progress_bar", "false", *extra])
     report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PhaseReport))

@@ -45,7 +45,7 @@ PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, 
 def rollout(args) -> dict:
     from rollout_throughput import build_model, make_prompts
 
-    from r3lightning.models import build_tokenizer
+    from r3lightning.training.models import build_tokenizer
     from r3lightning.engines.base import SamplingParams
     from r3lightning.engines.hf.engine import HFEngine
 
@@ -114,9 +114,9 @@ def training(args) -> dict:
     from r3lightning.algos.objective import AlgorithmConfig
     from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
     from r3lightning.envs.math_env import MathSuite
-    from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, count_parameters
+    from r3lightning.training.models import ModelConfig, build_tiny_model, build_tokenizer, count_parameters
     from r3lightning.module import R3LightningModule
-    from r3lightning.optim import OptimConfig
+    from r3lightning.training.optim import OptimConfig
     from r3lightning.rollout.agent_loop import AgentLoopConfig
 
     class Bench(R3LightningModule):

@@ -92,7 +92,7 @@ def write_model(directory: Path) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer
+    from r3lightning.training.models import TinyModelSpec, build_tiny_model, build_tokenizer
 
     # Sums and differences up to 999 give the BPE trainer enough merges to reach 860 tokens.
     corpus = [q for q, _ in problems()] + [
@@ -188,9 +188,9 @@ def r3l_worker(args) -> dict:
     from r3lightning.algos.objective import AlgorithmConfig
     from r3lightning.data.datamodule import RolloutDataModule
     from r3lightning.envs.base import StepResult, Task, TaskSuite
-    from r3lightning.models import ModelConfig
+    from r3lightning.training.models import ModelConfig
     from r3lightning.module import R3LightningModule
-    from r3lightning.optim import OptimConfig, PhaseConfig
+    from r3lightning.training.optim import OptimConfig, PhaseConfig
     from r3lightning.rollout.agent_loop import AgentLoopConfig
     from r3lightning.engines.base import SamplingParams
     from r3lightning.engines.config import EngineConfig

@@ -93,7 +93,7 @@ def main() -> None:
     import torch
     import yaml
 
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=False)
     warm = int(checkpoint["global_step"])

@@ -35,7 +35,7 @@ QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summa
 
 
 def _fit(args: list[str]):
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     return R3LightningCLI(args=["fit", *args])
 

@@ -30,7 +30,7 @@ from machine_info import machine_info  # noqa: E402
 
 EXPERT_YAML = ROOT / "configs" / "examples" / "reflectrl_expert_arithmetic_cpu.yaml"
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
-R3L = [sys.executable, "-c", "from r3lightning.cli import main; main()"]
+R3L = [sys.executable, "-c", "from r3lightning.cli.main import main; main()"]
 
 
 def rewrite_configs(work: Path) -> tuple[Path, Path, dict]:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
-from r3lightning.models import build_tokenizer  # noqa: E402
+from r3lightning.training.models import build_tokenizer  # noqa: E402
 from r3lightning.engines.base import SamplingParams  # noqa: E402
 from r3lightning.engines.hf.engine import HFEngine  # noqa: E402
 

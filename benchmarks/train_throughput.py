@@ -42,9 +42,9 @@ import torch.nn.functional as F
 
 from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters
+from r3lightning.training.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig
+from r3lightning.training.optim import OptimConfig
 from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.types import ExperienceBatch

@@ -12,7 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
-from r3lightning.checkpoint_io import (
+from r3lightning.checkpointing.io import (
     LAST_CHECKPOINT,
     atomic_link,
     find_last_checkpoints,

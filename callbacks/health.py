@@ -22,7 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
 from r3lightning.callbacks.monitor import log_dir_of
-from r3lightning.state_checks import expect_number, expect_type
+from r3lightning.data.state_checks import expect_number, expect_type
 
 BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
 EXCEPTION_CHECKPOINT = "exception.ckpt"

@@ -1,6 +1,6 @@
 """Export the trained policy as a Hugging Face model directory during and at the end of ``fit``.
 
-The same directory ``r3l export`` writes from a checkpoint (``r3lightning.export.export_policy``), taken
+The same directory ``r3l export`` writes from a checkpoint (``r3lightning.checkpointing.export.export_policy``), taken
 from the live module: no checkpoint needs to be loaded again to use what a run trained.
 """
 
@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from r3lightning.callbacks.monitor import log_dir_of
-from r3lightning.export import check_export, check_writable_directory, export_policy
+from r3lightning.checkpointing.export import check_export, check_writable_directory, export_policy
 
 
 class HuggingFaceExport(L.Callback):

@@ -25,6 +25,7 @@ import torch
 from torchmetrics import MeanMetric, SumMetric
 
 from r3lightning.algos import kl_estimate
+from r3lightning.callbacks.vllm_sync import VLLMWeightSync
 from r3lightning.types import Trajectory
 
 
@@ -55,8 +56,8 @@ class TrainingDynamicsMonitor(L.Callback):
       ranks (the global count every loss is normalized by).
     - ``reward/mean_all_ranks``, ``reward/success_rate_all_ranks``: over every RL trajectory of every
       rank (only with more than one rank; with one they equal ``reward/mean`` and ``reward/success_rate``).
-    - ``sync/weight_version``: optimizer steps in the weights the rollout engine holds, unless a weight-sync
-      callback (``VLLMWeightSync``) logs it.
+    - ``sync/weight_version``: optimizer steps in the weights the rollout engine holds, unless the
+      ``VLLMWeightSync`` callback (which logs it) is on.
     - ``time/step_s``: wall time of the whole step (rollout, reward, update, callbacks before this one).
     - ``train/advantage_{mean,std,min,max}`` over this rank's RL loss tokens, and
       ``train/advantage_zero_share``: RL rows whose advantage is 0 on every loss token (no signal).
@@ -82,7 +83,7 @@ class TrainingDynamicsMonitor(L.Callback):
         self._log_weight_version = True
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._log_weight_version = not any(_logs_weight_version(cb) for cb in trainer.callbacks if cb is not self)
+        self._log_weight_version = not any(isinstance(cb, VLLMWeightSync) for cb in trainer.callbacks)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_start = time.perf_counter()
@@ -187,10 +188,6 @@ def peak_memory_gb(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
         out["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
-
-
-def _logs_weight_version(callback: L.Callback) -> bool:
-    return bool(getattr(callback, "logs_weight_version", False)) or type(callback).__name__ == "VLLMWeightSync"
 
 
 class RolloutSampleLogger(L.Callback):

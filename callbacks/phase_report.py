@@ -14,7 +14,7 @@ import lightning as L
 import torch
 
 from r3lightning.callbacks.monitor import log_dir_of
-from r3lightning.state_checks import expect_int, expect_number, expect_type
+from r3lightning.data.state_checks import expect_int, expect_number, expect_type
 
 
 ROLLOUT_FIGURES = (

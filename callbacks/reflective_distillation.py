@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from r3lightning.callbacks.monitor import log_dir_of
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.state_checks import expect_int, expect_number, expect_type
+from r3lightning.data.state_checks import expect_int, expect_number, expect_type
 
 REFLECTIVE, DISTILL = "reflective", "distill"
 TeacherMode = Literal["context_distillation", "seed_literal", "anchor"]

@@ -5,8 +5,8 @@ weights (``rollout``, a ``StepRollout``), ``make_experience`` turns them into an
 ranking then adjusts its failures' advantages from this module's entropies), and ``optimize`` updates
 in micro-batches with manual optimization. Every loss is normalized by the *global* number of loss
 tokens (or sequences) of the step, all-reduced over ranks, so the result does not depend on how the
-batch was split into micro-batches or ranks. The forwards are in ``r3lightning.forward``, the loss in
-``r3lightning.loss``. The module uses the datamodule through ``connect``, ``rollout`` and ``evaluate``
+batch was split into micro-batches or ranks. The forwards are in ``r3lightning.training.forward``, the loss in
+``r3lightning.training.loss``. The module uses the datamodule through ``connect``, ``rollout`` and ``evaluate``
 (and ``tokenizer_corpus`` when it trains an in-memory tokenizer): docs/design.md, "One training step".
 """
 
@@ -25,17 +25,17 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.checkpoints import allow_in_checkpoints, check_loadable, r3lightning_section
-from r3lightning.checkpoint_state import check_checkpoint_state
+from r3lightning.training.checkpoint_state import allow_in_checkpoints, check_loadable, r3lightning_section
+from r3lightning.training.checkpoint_state import check_checkpoint_state
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.data.evaluation import validation_figures, validation_names
 from r3lightning.data.experience import make_experience
 from r3lightning.data.failure_ranking import RankingActivity, rank_failed_rows
 from r3lightning.data.step_rollout import StepRollout
-from r3lightning.forward import PrefixSharedForward, window_start
-from r3lightning.loss import loss_diagnostics, loss_terms, teacher_kl, update_statistics
-from r3lightning.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
-from r3lightning.optim import OptimConfig, PhaseConfig, scheduled_learning_rate, sum_gradients_over_ranks
+from r3lightning.training.forward import PrefixSharedForward, window_start
+from r3lightning.training.loss import loss_diagnostics, loss_terms, teacher_kl, update_statistics
+from r3lightning.training.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.training.optim import OptimConfig, PhaseConfig, scheduled_learning_rate, sum_gradients_over_ranks
 from r3lightning.engines.base import RolloutEngine
 from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics

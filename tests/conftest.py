@@ -26,7 +26,7 @@ import pytest
 # TINY_SPEC is also importable from here (``from conftest import TINY_SPEC``); its home is harness.
 from harness import SCIENCEWORLD_TASK, TEXTWORLD_SETTINGS, TINY_SPEC, suite_tokenizer, tiny_loop
 
-from r3lightning.models import build_tiny_model
+from r3lightning.training.models import build_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ generation that exercises padding, shared prompts and prefix-cache hits."""
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from r3lightning.models import TinyModelSpec, build_tiny_model
+from r3lightning.training.models import TinyModelSpec, build_tiny_model
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.engine import HFEngine

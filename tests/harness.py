@@ -23,9 +23,9 @@ import torch
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer
+from r3lightning.training.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer
 from r3lightning.module import R3LightningModule
-from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.training.optim import OptimConfig, PhaseConfig
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.engine import HFEngine
@@ -154,7 +154,7 @@ def parse_only_cli():
     signature) after parsing ``fit --config BASE_RECIPE``, built once. It stops right after parsing:
     nothing is seeded, instantiated or trained, and no optional strategy package is imported. Parse
     more with ``parse_only_cli().parser.parse_args([...])``."""
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     class Parsed(Exception):
         pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness import ARITHMETIC
 
-from r3lightning.data.gnt_pool import PoolStats, build_pool, write_jsonl
+from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, write_jsonl
 from r3lightning.envs.math_env import MathSuite
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from harness import TINY_SPEC, module_and_data, quiet_trainer
 
-from r3lightning.checkpoints import read_checkpoint
-from r3lightning.cli import main
-from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.checkpointing.read import read_checkpoint
+from r3lightning.cli.main import main
+from r3lightning.training.models import ModelConfig, build_tiny_model, build_tokenizer, load_pretrained
 
 
 @pytest.fixture(scope="module")

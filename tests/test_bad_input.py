@@ -22,11 +22,11 @@ from harness import ARITHMETIC, TINY_CLI_RUN, TINY_SPEC, module_and_data, quiet_
 
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning import algos
-from r3lightning.cli import main
+from r3lightning.cli.main import main
 from r3lightning.data.collate import collate_experience
 from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import ModelConfig, build_tiny_model, build_tokenizer, load_pretrained
+from r3lightning.training.models import ModelConfig, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig, EpisodeRequest
 from r3lightning.rollout.chat import ChatFormatter
@@ -144,7 +144,7 @@ def test_tokenizer_without_chat_template(tmp_path):
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="has no chat template; set model.model.chat_template"):
         load_pretrained(ModelConfig(name_or_path=str(tmp_path)))
-    from r3lightning.models import CHATML_TEMPLATE
+    from r3lightning.training.models import CHATML_TEMPLATE
 
     _, loaded = load_pretrained(ModelConfig(name_or_path=str(tmp_path), chat_template=CHATML_TEMPLATE))
     assert ChatFormatter(loaded).first_prompt("hi")

@@ -12,8 +12,8 @@ import yaml
 from harness import TINY_CLI_RUN
 
 from r3lightning.callbacks import ReflectiveToDirectDistillation
-from r3lightning.checkpoint_state import check_checkpoint_state
-from r3lightning.cli import main
+from r3lightning.training.checkpoint_state import check_checkpoint_state
+from r3lightning.cli.main import main
 
 
 @pytest.fixture(scope="module")

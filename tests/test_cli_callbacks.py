@@ -4,7 +4,7 @@ engine the weight sync comes by itself, as the step checkpoint does, unless the 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from r3lightning.callbacks import StepCheckpoint, TrainingDynamicsMonitor, VLLMWeightSync
-from r3lightning.cli import added_callbacks
+from r3lightning.cli.main import added_callbacks
 
 
 def kinds(callbacks):

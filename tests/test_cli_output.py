@@ -27,7 +27,7 @@ SHORT_FIT = [
 
 def r3l(args, cwd, timeout=300):
     script = Path(sys.executable).with_name("r3l")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "r3lightning.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "r3lightning.cli.main"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONWARNINGS", None)
     return subprocess.run(command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -55,7 +55,7 @@ def test_short_fit_prints_only_what_a_user_can_act_on(tmp_path):
 def test_bad_input_is_one_error_line_and_a_hint(tmp_path, monkeypatch, capsys):
     # In this process, through ``main`` as the script calls it: a fresh interpreter would spend ~5 s on
     # imports, and what a fresh one prints besides the CLI's own lines is the short fit's check above.
-    from r3lightning.cli import main
+    from r3lightning.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["r3l", "fit", "--config", "missing.yaml"])
@@ -69,7 +69,7 @@ def test_bad_input_is_one_error_line_and_a_hint(tmp_path, monkeypatch, capsys):
 
 
 def test_quiet_lightning_filters_only_the_listed_notices(caplog):
-    from r3lightning.cli import quiet_lightning
+    from r3lightning.cli.main import quiet_lightning
 
     notices = [
         (FutureWarning, "lightning.pytorch.utilities._pytree", "`isinstance(treespec, LeafSpec)` is deprecated, use ..."),

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from harness import BASE_RECIPE as BASE, CONFIGS, ROOT, parse_only_cli
 
-from r3lightning.cli import R3LightningCLI
+from r3lightning.cli.main import R3LightningCLI
 
 FRAGMENT_DIRS = {"algorithms", "trainer", "engine"}
 ALL_YAML = sorted(p for p in CONFIGS.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())

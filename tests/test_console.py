@@ -1,4 +1,4 @@
-"""The ``r3l`` script (``r3lightning.console``): the command list, the refusal of LightningCLI's
+"""The ``r3l`` script (``r3lightning.cli.console``): the command list, the refusal of LightningCLI's
 ``test``/``predict`` and a cached ``r3l fit --help`` come without importing Lightning or torch; the
 help opens with r3lightning's own sections; Trainer flags that manual optimization ignores are refused
 with the key to use."""
@@ -12,14 +12,14 @@ import pytest
 import yaml
 from harness import TINY_CLI_RUN
 
-from r3lightning import console
+from r3lightning.cli import console
 
 def run_console(args, cache, timeout=300):
-    """``r3lightning.console.main(args)`` in a fresh interpreter; its last stderr line is the exit status
+    """``r3lightning.cli.console.main(args)`` in a fresh interpreter; its last stderr line is the exit status
     followed by the heavy packages it imported."""
     code = f"""
 import sys
-from r3lightning.console import main
+from r3lightning.cli.console import main
 try:
     main({args!r})
     code = 0
@@ -41,7 +41,7 @@ def test_the_command_list_names_every_command_and_imports_nothing_heavy(tmp_path
 
 
 def test_the_console_and_the_lightning_cli_agree_on_the_commands():
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     assert set(R3LightningCLI.subcommands()) == set(console.LIGHTNING_COMMANDS)
     assert set(console.LIGHTNING_COMMANDS) < set(console.COMMANDS)
@@ -83,7 +83,7 @@ def test_the_help_cache_key_follows_the_sources_and_the_arguments(tmp_path):
     [("gradient_clip_val", "1.0", "model.optim.grad_clip"), ("accumulate_grad_batches", "4", "model.optim.micro_batch_size")],
 )
 def test_trainer_flags_that_do_nothing_here_are_refused_with_the_key_to_use(flag, value, instead, tmp_path, monkeypatch, capsys):
-    from r3lightning.cli import main
+    from r3lightning.cli.main import main
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(copy.deepcopy(TINY_CLI_RUN)))

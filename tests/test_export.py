@@ -1,4 +1,4 @@
-"""``r3lightning.export``: a training checkpoint becomes a Hugging Face model directory that
+"""``r3lightning.checkpointing.export``: a training checkpoint becomes a Hugging Face model directory that
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` (and vLLM) load with the trained policy's exact logits."""
 
 import json
@@ -10,8 +10,9 @@ from digit_suite import DigitSuite
 from harness import TINY_SPEC, module_and_data, quiet_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from r3lightning.export import export_checkpoint, main
-from r3lightning.models import ModelConfig, build_tiny_model, tokenizer_fingerprint
+from r3lightning.checkpointing.export import export_checkpoint
+from r3lightning.cli.export import main
+from r3lightning.training.models import ModelConfig, build_tiny_model, tokenizer_fingerprint
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 

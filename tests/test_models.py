@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from r3lightning.models import (
+from r3lightning.training.models import (
     ModelConfig,
     TinyModelSpec,
     apply_lora,

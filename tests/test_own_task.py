@@ -26,7 +26,7 @@ def test_the_page_gives_the_three_files_and_a_ten_line_reward():
 
 
 def test_own_task_example_trains_and_logs_the_reward_function_values(tmp_path, monkeypatch):
-    from r3lightning.cli import main
+    from r3lightning.cli.main import main
 
     for name, text in page_files().items():
         (tmp_path / name).write_text(text)
@@ -58,7 +58,7 @@ def test_own_task_example_trains_and_logs_the_reward_function_values(tmp_path, m
 
 
 def test_r3l_makes_the_working_directory_importable_as_python_m_does(tmp_path, monkeypatch):
-    from r3lightning.cli import importable_working_directory
+    from r3lightning.cli.main import importable_working_directory
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])

@@ -60,7 +60,7 @@ def scienceworld_runtime(cwd, recipe):
 def reflectrl_pool_and_sft(cwd, recipe):
     """The recipe header's two commands, with scripted expert answers instead of a 7B expert: a right
     and a wrong answer to each of a few training and validation tasks of the recipe's suite."""
-    from r3lightning.data.gnt_pool import write_jsonl
+    from r3lightning.data.reflectrl.gnt_pool import write_jsonl
     from r3lightning.envs.math_env import MathSuite
 
     config = yaml.safe_load(recipe.read_text())

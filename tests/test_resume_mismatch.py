@@ -14,9 +14,9 @@ import yaml
 from harness import CONFIGS, TINY_CLI_RUN, TINY_SPEC
 
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.cli import main
-from r3lightning.resume_check import check_resume, resume_differences
-from r3lightning.models import ModelConfig
+from r3lightning.cli.main import main
+from r3lightning.checkpointing.resume import check_resume, resume_differences
+from r3lightning.training.models import ModelConfig
 
 def r3l(root: Path, capsys, *args):
     """(exit status, stdout, stderr) of ``r3l <args>`` run in-process, writing under ``root``."""
@@ -129,7 +129,7 @@ def test_validate_without_a_checkpoint_is_refused_for_a_random_tiny_model(recipe
 
 
 def test_validate_a_pretrained_model_directory_without_a_checkpoint(recipe, grpo_checkpoint, tmp_path, capsys):
-    from r3lightning.export import export_checkpoint
+    from r3lightning.checkpointing.export import export_checkpoint
 
     model_dir = export_checkpoint(grpo_checkpoint, str(tmp_path / "model"))
     code, _, err = r3l(tmp_path, capsys, "validate", "--config", recipe, f"--model.model.name_or_path={model_dir}")

@@ -37,7 +37,7 @@ from r3lightning.rollout.agent_loop import (
     resolve_action_format,
 )
 from r3lightning.rollout.chat import ChatFormatter
-from r3lightning.state_checks import expect_int
+from r3lightning.data.state_checks import expect_int
 from r3lightning.rollout.env_calls import SuiteCalls, check_suite
 from r3lightning.engines.base import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, Explorer, SampleExplorer
@@ -224,7 +224,7 @@ class RolloutDataModule(L.LightningDataModule):
     @staticmethod
     def check_state_dict(state: object) -> None:
         """ValueError ``"<field>: <problem>"`` when ``state`` is not a ``state_dict`` this module can load
-        (``r3lightning.checkpoint_state`` names the checkpoint)."""
+        (``r3lightning.training.checkpoint_state`` names the checkpoint)."""
         if not isinstance(state, dict):
             raise ValueError(f"state: a {type(state).__name__} where a dict was expected")
         if "cursor" not in state:

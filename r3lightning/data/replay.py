@@ -39,7 +39,7 @@ import typing
 from collections import OrderedDict, deque
 from typing import Any
 
-from r3lightning.state_checks import expect_int, expect_type
+from r3lightning.data.state_checks import expect_int, expect_type
 from r3lightning.types import Trajectory, Turn
 
 TRAJECTORY_OVERHEAD_BYTES = 1024

@@ -1,7 +1,7 @@
 """ReflectRL's task views of a suite: reflective (a golden negative in context) and direct (plain).
 
 A *golden negative* (GNT) is an expert's wrong answer to a training question, kept with its full
-reasoning (``r3l gnt-pool`` writes them, ``r3lightning.data.gnt_pool``). A *reflective* task shows the
+reasoning (``r3l gnt-pool`` writes them, ``r3lightning.data.reflectrl.gnt_pool``). A *reflective* task shows the
 question and that wrong answer and asks for the wrong step, a correction and the final answer; a
 *direct* task is the wrapped suite's own question. ``ReflectiveSuite`` serves both:
 
@@ -14,7 +14,7 @@ question and that wrong answer and asks for the wrong step, a correction and the
   ``show_gnt_in_validation`` (stage 1: reflective validation; stage 2: direct).
 
 The reflective prompt is built here only (``reflective_prompt``), so the reflective SFT rows
-(``r3lightning.data.reflective_sft``) and the reflective tasks see exactly the same text.
+(``r3lightning.data.reflectrl.reflective_sft``) and the reflective tasks see exactly the same text.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ DEFAULT_REFLECTIVE_TEMPLATE = (
 
 LABEL_GNT, LABEL_GT_PLUS = "gnt", "gt_plus"
 POOL_FIELDS = ("label", "task_id", "split", "question", "prompt", "answer", "response")
-"""Fields every row of a GNT pool file has (``r3lightning.data.gnt_pool`` writes them, with provenance)."""
+"""Fields every row of a GNT pool file has (``r3lightning.data.reflectrl.gnt_pool`` writes them, with provenance)."""
 
 
 def reflective_prompt(question: str, attempt: str, template: str = DEFAULT_REFLECTIVE_TEMPLATE) -> str:

@@ -14,8 +14,8 @@ import torch
 from harness import BASE_RECIPE, ROOT, module_and_data, parse_only_cli, quiet_trainer
 
 from r3lightning.callbacks.checkpointing import StepCheckpoint
-from r3lightning.checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write
-from r3lightning.cli import R3LightningCLI, resolve_last_ckpt_path
+from r3lightning.checkpointing.io import AtomicCheckpointIO, atomic_torch_save, atomic_write
+from r3lightning.cli.main import R3LightningCLI, resolve_last_ckpt_path
 
 
 def saved_step(path) -> int:
@@ -120,7 +120,7 @@ def test_sigterm_mid_step_saves_the_step_boundary_and_resumes_to_the_uninterrupt
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [
-        sys.executable, "-m", "r3lightning.cli", "fit", *TINY_FIT, "--trainer.max_steps", "6",
+        sys.executable, "-m", "r3lightning.cli.main", "fit", *TINY_FIT, "--trainer.max_steps", "6",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.callbacks+=signal_helpers.PauseMidStep", f"--trainer.callbacks.ready_file={ready}",
     ]
@@ -156,7 +156,7 @@ def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists(tmp_path, m
     ready, seen = tmp_path / "ready", tmp_path / "seen"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [
-        sys.executable, "-m", "r3lightning.cli", "fit", *TINY_FIT, "--trainer.max_steps", "6",
+        sys.executable, "-m", "r3lightning.cli.main", "fit", *TINY_FIT, "--trainer.max_steps", "6",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.callbacks+=r3lightning.callbacks.StepCheckpoint", "--trainer.callbacks.every_n_steps=2",
         "--trainer.callbacks+=signal_helpers.HoldMidStep", f"--trainer.callbacks.ready_file={ready}",

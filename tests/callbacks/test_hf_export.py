@@ -8,7 +8,7 @@ from harness import TINY_SPEC, module_and_data, quiet_trainer
 from transformers import AutoModelForCausalLM
 
 from r3lightning.callbacks import HuggingFaceExport
-from r3lightning.models import ModelConfig
+from r3lightning.training.models import ModelConfig
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 
 TEXTS = ["Say a number above 3.", "4"]

@@ -116,3 +116,18 @@ def test_pick_samples_round_robin_over_origins_and_info_text():
     assert record["turns"][0] == {"context": "1 2", "response": "3", "action": "", "feedback": "Incorrect.", "response_tokens": 1, "trainable": True}
     assert record["pivot"] == 0 and record["info"]["guidance"] == "do y" and "token_ids" not in record["info"]
     assert "characters cut" in record["info"]["reflection"]["analysis"]
+
+
+def test_the_weight_version_is_left_to_the_weight_sync_callback_by_its_class_not_its_name():
+    """``sync/weight_version`` is the monitor's unless a ``VLLMWeightSync`` (a subclass too) logs it; a
+    foreign callback that merely shares the name does not silence it."""
+    from r3lightning.callbacks.vllm_sync import VLLMWeightSync
+
+    class TunedSync(VLLMWeightSync):
+        pass
+
+    namesake = type("VLLMWeightSync", (L.Callback,), {})()
+    for others, logs in (([], True), ([TunedSync()], False), ([VLLMWeightSync()], False), ([namesake], True)):
+        monitor = TrainingDynamicsMonitor()
+        monitor.setup(SimpleNamespace(callbacks=[monitor, *others]), None, "fit")
+        assert monitor._log_weight_version is logs, others

@@ -20,8 +20,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.callbacks import ReflectiveToDirectDistillation
 from r3lightning.data.datamodule import DemoConfig
-from r3lightning.data.gnt_pool import PoolStats, build_pool, write_jsonl
-from r3lightning.data.reflective_sft import build_sft_rows, scripted_critiques, suite_verifier, training_gnt_rows
+from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, write_jsonl
+from r3lightning.data.reflectrl.reflective_sft import build_sft_rows, scripted_critiques, suite_verifier, training_gnt_rows
 from r3lightning.envs.reflective import ReflectiveSuite
 
 

@@ -11,7 +11,7 @@ import torch
 from harness import TWO_LAYER_SPEC, free_port, run_workers
 
 from r3lightning.callbacks.vllm_sync import LogprobMismatchError, VLLMWeightSync
-from r3lightning.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer
+from r3lightning.training.models import ModelConfig, apply_lora, build_tiny_model, build_tokenizer
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.engines.hf.engine import HFEngine
@@ -64,7 +64,7 @@ def _fsdp_probe_worker(rank, world, port, tokenizer_json, result_path):
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
         from r3lightning.callbacks.vllm_sync import fsdp_root_unsharded, trainer_logprobs
-        from r3lightning.models import tokenizer_from_json
+        from r3lightning.training.models import tokenizer_from_json
 
         tokenizer = tokenizer_from_json(tokenizer_json)
         policy = build_tiny_model(SPEC, tokenizer, seed=0)
@@ -182,7 +182,7 @@ def test_sleep_before_backward_on_engines_that_sleep():
 @pytest.mark.vllm
 def test_r3l_fit_with_the_vllm_engine(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from r3lightning.cli import R3LightningCLI
+    from r3lightning.cli.main import R3LightningCLI
 
     monkeypatch.chdir(tmp_path)
     cli = R3LightningCLI(

@@ -116,7 +116,7 @@ def test_micro_batches_group_rows_by_length_and_take_keeps_rows_whole():
 def test_reflection_demos_limited_to_reflection_tasks_per_step():
     from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
     from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
-    from r3lightning.models import build_tiny_model, build_tokenizer
+    from r3lightning.training.models import build_tiny_model, build_tokenizer
     from r3lightning.engines.hf.engine import HFEngine
     from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 

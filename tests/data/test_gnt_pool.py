@@ -8,8 +8,8 @@ import pytest
 from harness import suite_tokenizer, tiny_loop
 from reflectrl_helpers import arithmetic_suite, expert_rows, rollout_row
 
-from r3lightning.cli import main
-from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, verify_rollouts, write_jsonl
+from r3lightning.cli.main import main
+from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, verify_rollouts, write_jsonl
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.engines.base import SamplingParams
 

@@ -7,9 +7,9 @@ import pytest
 from harness import suite_tokenizer
 from reflectrl_helpers import arithmetic_suite, write_pool
 
-from r3lightning.cli import main
+from r3lightning.cli.main import main
 from r3lightning.data.datamodule import conversation_trajectory, load_chat_jsonl
-from r3lightning.data.reflective_sft import (
+from r3lightning.data.reflectrl.reflective_sft import (
     build_sft_rows,
     keep_verified,
     scripted_critiques,
@@ -113,7 +113,7 @@ def test_reflect_sft_command_with_a_model_critic(tmp_path, pool, capsys):
 
 
 def test_resolve_critique_corrects_the_first_step_the_gnt_does_not_share():
-    from r3lightning.data.reflective_sft import resolve_critique
+    from r3lightning.data.reflectrl.reflective_sft import resolve_critique
 
     gnt = "3-1=4\n4-2=2\n\\boxed{2}"
     solution = "3-1=2\n2-2=0\n\\boxed{0}"

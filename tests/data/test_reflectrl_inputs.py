@@ -7,8 +7,8 @@ import json
 import pytest
 from reflectrl_helpers import arithmetic_suite, expert_rows, write_pool
 
-from r3lightning.cli import main
-from r3lightning.data.gnt_pool import write_jsonl
+from r3lightning.cli.main import main
+from r3lightning.data.reflectrl.gnt_pool import write_jsonl
 
 
 def write_recipe(path):

@@ -14,7 +14,7 @@ from fused_models import chat_prompts, run_two_calls
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.compiled_step import column_bucket, compiled_graphs
 from r3lightning.engines.hf.engine import HFEngine
-from r3lightning.models import TinyModelSpec, build_tiny_model
+from r3lightning.training.models import TinyModelSpec, build_tiny_model
 
 
 def _assert_same(compiled, eager, atol: float) -> None:

@@ -7,9 +7,9 @@ from unittest import mock
 
 import pytest
 
-from r3lightning.cli import main
+from r3lightning.cli.main import main
 from r3lightning.engines.config import REPLACED_KEYS, EngineConfig, build_engine, hf_decode_path, replaced_key_note
-from r3lightning.models import TinyModelSpec, build_tiny_model
+from r3lightning.training.models import TinyModelSpec, build_tiny_model
 
 
 @pytest.mark.parametrize(

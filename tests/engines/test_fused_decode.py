@@ -8,7 +8,7 @@ from torch import nn
 from fused_models import chat_prompts, family_models, run_two_calls, small_model
 from transformers import MistralConfig, MistralForCausalLM
 
-from r3lightning.models import TinyModelSpec, build_tiny_model
+from r3lightning.training.models import TinyModelSpec, build_tiny_model
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.fused_step import (
     fused_decode_unsupported,
@@ -126,7 +126,7 @@ def test_models_outside_the_family_decode_with_the_forward_and_are_counted(world
 
 
 def test_lora_policies_decode_with_the_forward(world_tokenizer):
-    from r3lightning.models import ModelConfig, apply_lora
+    from r3lightning.training.models import ModelConfig, apply_lora
 
     model = apply_lora(build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0), ModelConfig(lora_rank=4))
     assert "wrapper" in fused_decode_unsupported(model)

@@ -17,7 +17,7 @@ from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.engines.hf.engine import HFEngine
 from r3lightning.engines.vllm.weights import iter_policy_weights, iter_weight_buckets
-from r3lightning.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
+from r3lightning.training.models import ModelConfig, TinyModelSpec, apply_lora, build_tiny_model, build_tokenizer
 
 SPEC = TWO_LAYER_SPEC  # FSDP wraps each decoder layer: one is gathered while the other stays sharded
 CORPUS = ["What is 12 + 30? The answer is \\boxed{42}.", "go north. take the key. open the door."] * 20
@@ -123,7 +123,7 @@ def _fsdp_worker(rank, world, port, tokenizer_json, spec_dict, result_path):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
-        from r3lightning.models import tokenizer_from_json
+        from r3lightning.training.models import tokenizer_from_json
 
         tok = tokenizer_from_json(tokenizer_json)
         model = build_tiny_model(TinyModelSpec(**spec_dict), tok, seed=0)

@@ -37,7 +37,7 @@ def test_a_contradicting_action_format_is_refused_when_the_datamodule_is_built()
 
 
 def test_r3l_refuses_a_math_suite_with_tag_actions_in_one_line(tmp_path, monkeypatch, capsys):
-    from r3lightning.cli import main
+    from r3lightning.cli.main import main
 
     config = copy.deepcopy(TINY_CLI_RUN)
     config["data"]["agent"]["action_format"] = "tag"

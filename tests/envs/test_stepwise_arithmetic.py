@@ -57,7 +57,8 @@ def test_the_reflectrl_recipe_never_trains_on_a_validation_question():
 
     import yaml
 
-    from r3lightning.data.reflectrl_tools import build_suite, direct_suite
+    from r3lightning.cli.reflectrl import build_suite
+    from r3lightning.data.reflectrl.gnt_pool import direct_suite
 
     recipe = Path(__file__).resolve().parents[2] / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
     spec = yaml.safe_load(recipe.read_text())["data"]["suite"]

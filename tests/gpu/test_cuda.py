@@ -10,9 +10,9 @@ from harness import TINY_SPEC, quiet_trainer, weights_changed
 from r3lightning.algos import selective_log_softmax
 from r3lightning.data.datamodule import DemoConfig, RolloutDataModule
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
-from r3lightning.models import ModelConfig
+from r3lightning.training.models import ModelConfig
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig, PhaseConfig
+from r3lightning.training.optim import OptimConfig, PhaseConfig
 from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter

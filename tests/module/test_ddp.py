@@ -28,7 +28,7 @@ def test_r3l_fit_with_ddp_shards_tasks_reduces_counts_and_keeps_replicas_identic
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, path))}
     done = subprocess.run(
         [
-            sys.executable, "-m", "r3lightning.cli", "fit",
+            sys.executable, "-m", "r3lightning.cli.main", "fit",
             "--config", str(ROOT / "configs/examples/grpo_arithmetic_cpu.yaml"),
             "--config", str(ROOT / "configs/trainer/cpu.yaml"),
             "--config", str(ROOT / "configs/trainer/ddp.yaml"),

@@ -6,9 +6,9 @@ import pytest
 import torch
 from harness import TINY_SPEC, module_and_data, quiet_trainer, weights_changed
 
-from r3lightning.models import build_tiny_model
+from r3lightning.training.models import build_tiny_model
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.optim import OptimConfig
+from r3lightning.training.optim import OptimConfig
 
 
 def _fingerprint(model):
@@ -137,7 +137,7 @@ def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):
 
 
 def test_scheduled_learning_rate_warm_up_then_phase_rates():
-    from r3lightning.optim import scheduled_learning_rate
+    from r3lightning.training.optim import scheduled_learning_rate
 
     optim = OptimConfig(lr=0.1, sft_lr=1.0, warmup_steps=1)
     # Linear warm-up halves each phase's first step; the SFT rate holds until the warm-start's last
@@ -148,7 +148,7 @@ def test_scheduled_learning_rate_warm_up_then_phase_rates():
 
 
 def test_scheduled_learning_rate_cosine_decays_each_phase():
-    from r3lightning.optim import scheduled_learning_rate
+    from r3lightning.training.optim import scheduled_learning_rate
 
     optim = OptimConfig(lr=1.0, sft_lr=2.0, warmup_steps=1, lr_decay="cosine", min_lr_ratio=0.1)
     # SFT steps 0-2: warm-up, then cos over (3 - 1) steps: 0.1 + 0.9 * (1 + cos(pi / 2)) / 2 = 0.55 at step 2.

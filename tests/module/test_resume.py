@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning.callbacks.monitor import TrainingDynamicsMonitor
-from r3lightning.models import ModelConfig
+from r3lightning.training.models import ModelConfig
 from r3lightning.algos.objective import AlgorithmConfig
 
 N = 2

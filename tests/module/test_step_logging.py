@@ -6,7 +6,7 @@ import yaml
 from lightning.pytorch.loggers import Logger
 from harness import TINY_CLI_RUN, module_and_data, quiet_trainer
 
-from r3lightning.cli import R3LightningCLI
+from r3lightning.cli.main import R3LightningCLI
 
 
 class RecordingLogger(Logger):

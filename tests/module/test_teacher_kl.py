@@ -8,7 +8,7 @@ import torch
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.data.experience import make_experience
 from r3lightning.data.step_rollout import StepRollout
-from r3lightning.models import build_tiny_model
+from r3lightning.training.models import build_tiny_model
 from r3lightning.module import R3LightningModule
 from r3lightning.rollout.explorers.base import Exploration
 from r3lightning.types import Group, Trajectory, Turn

@@ -6,7 +6,7 @@ import torch
 from harness import module_and_data, quiet_trainer
 
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.forward import window_start
+from r3lightning.training.forward import window_start
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import yaml
 from harness import TINY_CLI_RUN, TINY_SPEC
 
 from r3lightning.envs.math_env import MathSuite
-from r3lightning.models import (
+from r3lightning.training.models import (
     ModelConfig,
     build_tiny_model,
     build_tokenizer,
@@ -134,7 +134,7 @@ def test_the_configured_template_replaces_the_tokenizer_own(tmp_path):
 
 
 def run_r3l(tmp_path, monkeypatch, config):
-    from r3lightning.cli import main
+    from r3lightning.cli.main import main
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))

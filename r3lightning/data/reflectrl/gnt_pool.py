@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
 from r3lightning.envs.math_sources import utf8_lines
-from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS
+from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS, ReflectiveSuite
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.env_calls import SuiteCalls
 from r3lightning.engines.base import SamplingParams
@@ -53,6 +53,11 @@ class PoolStats:
 
 
 # ---- reading and generating rollouts ---------------------------------------------------------------
+def direct_suite(suite: TaskSuite) -> TaskSuite:
+    """The suite the expert answers: a ``ReflectiveSuite``'s wrapped suite, else ``suite`` itself."""
+    return suite.suite if isinstance(suite, ReflectiveSuite) else suite
+
+
 def read_rollouts(path: str, stats: PoolStats) -> list[dict[str, Any]]:
     """Rollout rows of a JSONL file (list of dicts): each row needs ``prompt``, ``answer`` and
     ``response``; ``task_id`` defaults to ``<file>#row<n>``, ``split`` to ``train``, ``question`` to the

@@ -1,5 +1,5 @@
 """Checks of restored state, each raising ``ValueError("<field>: <problem>")`` for the caller to prefix
-with where the state came from (``r3lightning.checkpoint_state`` names the checkpoint)."""
+with where the state came from (``r3lightning.training.checkpoint_state`` names the checkpoint)."""
 
 from __future__ import annotations
 

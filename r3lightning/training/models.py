@@ -80,7 +80,7 @@ class ModelConfig:
 
 
 CHAT_TEMPLATE_KEY = "model.model.chat_template"
-SHIPPED_TEMPLATES = Path(__file__).resolve().parent / "templates"
+SHIPPED_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 """Where the shipped chat templates (``<name>.jinja``) live."""
 
 

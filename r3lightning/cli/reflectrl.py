@@ -1,11 +1,9 @@
 """``r3l gnt-pool`` and ``r3l reflect-sft``: build ReflectRL's golden-negative pool and its stage-1 SFT
 file (docs/reflectrl.md). Both read the suite (and its agent and sampling settings) from the same
 recipe ``r3l fit`` uses, so the pool, the SFT rows and the training run agree on prompts, system
-prompt and verifier.
-
-``r3lightning.cli.main`` dispatches here and hands in ``load_policy`` (``r3lightning.export``: an
-r3lightning checkpoint or a Hugging Face model directory -> (policy, tokenizer)), which lives above
-this layer.
+prompt and verifier. The data they write is made by ``r3lightning.data.reflectrl``; the expert or critic
+is loaded by ``r3lightning.checkpointing.export.load_policy`` (an r3lightning checkpoint or a Hugging
+Face model directory).
 """
 
 from __future__ import annotations
@@ -19,9 +17,10 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
-from r3lightning.config_yaml import check_no_duplicate_keys
-from r3lightning.data.gnt_pool import PoolStats, build_pool, expert_rollouts, read_rollouts, write_jsonl
-from r3lightning.data.reflective_sft import (
+from r3lightning.checkpointing.export import load_policy
+from r3lightning.cli.config_yaml import check_no_duplicate_keys
+from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, direct_suite, expert_rollouts, read_rollouts, write_jsonl
+from r3lightning.data.reflectrl.reflective_sft import (
     build_sft_rows,
     model_critiques,
     resolved_critiques,
@@ -34,9 +33,6 @@ from r3lightning.envs.reflective import DEFAULT_REFLECTIVE_TEMPLATE, ReflectiveS
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.config import EngineConfig, build_engine
-
-LoadPolicy = Callable[[str], tuple[torch.nn.Module, Any]]
-"""``path -> (policy, tokenizer)``: an r3lightning checkpoint file or a Hugging Face model directory/id."""
 
 MAX_MESSAGES = 5
 """Skipped-row messages printed in full; the rest are counted."""
@@ -65,11 +61,6 @@ def build_suite(spec: dict[str, Any]) -> TaskSuite:
     return parser.instantiate(parser.parse_object({"suite": spec})).suite
 
 
-def direct_suite(suite: TaskSuite) -> TaskSuite:
-    """The suite the expert answers: a ``ReflectiveSuite``'s wrapped suite, else ``suite`` itself."""
-    return suite.suite if isinstance(suite, ReflectiveSuite) else suite
-
-
 def _agent(data: dict[str, Any]) -> AgentLoopConfig:
     return AgentLoopConfig(**(data.get("agent") or {}))
 
@@ -84,7 +75,7 @@ def _sampling(data: dict[str, Any], args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def _loop(suite: TaskSuite, model: str, backend: str, agent: AgentLoopConfig, load_policy: LoadPolicy, batch: int) -> AgentLoop:
+def _loop(suite: TaskSuite, model: str, backend: str, agent: AgentLoopConfig, batch: int) -> AgentLoop:
     policy, tokenizer = load_policy(model)
     policy.eval()
     model_path = model if backend == "vllm" and os.path.isdir(model) else ""
@@ -132,7 +123,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling (and the SFT rows' shuffle)")
 
 
-def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
+def gnt_pool_main(argv: list[str]) -> dict[str, Any]:
     """``r3l gnt-pool --config RECIPE (--expert MODEL | --rollouts FILE) --out POOL.jsonl``; returns the summary."""
     parser = argparse.ArgumentParser(
         prog="r3l gnt-pool",
@@ -156,7 +147,7 @@ def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
         rows = read_rollouts(args.rollouts, stats)
     else:
         params = _sampling(data, args)
-        loop = _loop(suite, args.expert, args.engine, _agent(data), load_policy, args.batch_size)
+        loop = _loop(suite, args.expert, args.engine, _agent(data), args.batch_size)
         tasks = [("train", i, suite.train_task(i)) for i in range(args.num_tasks)]
         torch.manual_seed(args.seed)
         rows = expert_rollouts(loop, tasks, args.samples, params, args.expert, args.engine)
@@ -179,7 +170,7 @@ def gnt_pool_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
     return summary
 
 
-def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]:
+def reflect_sft_main(argv: list[str]) -> dict[str, Any]:
     """``r3l reflect-sft --config RECIPE --pool POOL.jsonl --out SFT.jsonl [--critic model|resolve|oracle]``; returns the stats."""
     parser = argparse.ArgumentParser(
         prog="r3l reflect-sft",
@@ -222,7 +213,7 @@ def reflect_sft_main(argv: list[str], load_policy: LoadPolicy) -> dict[str, Any]
             critiques, critic_name = scripted_critiques(gnt, critic), "oracle"
         else:
             critic_name = args.critic_model or _pool_expert(pool, args.pool)
-            loop = _loop(suite, critic_name, args.engine, _agent(data), load_policy, args.batch_size)
+            loop = _loop(suite, critic_name, args.engine, _agent(data), args.batch_size)
             torch.manual_seed(args.seed)
             if args.critic == "resolve":
                 critiques = resolved_critiques(loop, gnt, args.critic_samples, _sampling(data, args))
@@ -254,11 +245,11 @@ def _pool_expert(pool: list[dict[str, Any]], path: str) -> str:
     return experts[0]
 
 
-def main(command: str, argv: list[str], load_policy: LoadPolicy) -> Optional[dict[str, Any]]:
+def main(command: str, argv: list[str]) -> Optional[dict[str, Any]]:
     """Run ``r3l gnt-pool`` or ``r3l reflect-sft``; bad input exits with status 2 and a one-line message."""
     run = {"gnt-pool": gnt_pool_main, "reflect-sft": reflect_sft_main}[command]
     try:
-        return run(argv, load_policy)
+        return run(argv)
     except (ValueError, OSError) as err:
         print(f"r3l {command}: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -2,7 +2,7 @@
 
 ``PrefixSharedForward`` runs the policy (or a frozen copy: reference, teacher) over right-padded rows
 [b, T] and counts what it ran (``perf/train_forward_token_frac``, ``perf/train_prefix_sharing_off``).
-The losses that read its logits are in ``r3lightning.loss``.
+The losses that read its logits are in ``r3lightning.training.loss``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the command list (``r3l --help``), the refusal of LightningCLI's ``test`` and ``
 help of each command after an install or an edit, goes to ``r3lightning.cli.main``: importing Lightning
 (which imports torch, torchmetrics and transformers) and building the parser takes about 5 s.
 
-This module imports only the standard library; ``r3lightning.cli`` is imported when a command runs.
+This module imports only the standard library; ``r3lightning.cli.main`` is imported when a command runs.
 """
 
 from __future__ import annotations
@@ -66,11 +66,10 @@ def cache_dir() -> Path:
 def source_dirs() -> list[Path]:
     """The folders of r3lightning's code (the package and its callbacks, installed from ``callbacks/``),
     found without importing them."""
-    dirs = []
-    for name in ("r3lightning", "r3lightning.callbacks"):
-        spec = util.find_spec(name)
-        if spec is not None and spec.origin:
-            dirs.append(Path(spec.origin).parent)
+    dirs = [Path(__file__).resolve().parents[1]]  # this file is r3lightning/cli/console.py
+    spec = util.find_spec("r3lightning.callbacks")
+    if spec is not None and spec.origin:
+        dirs.append(Path(spec.origin).parent)
     return dirs
 
 
@@ -102,7 +101,7 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
     path = cache_dir() / f"help-{args[0]}-{help_cache_key([program, *args], source_dirs(), columns)}.txt"
     if path.is_file():
         return path.read_text()
-    from r3lightning.cli import main as lightning_main
+    from r3lightning.cli.main import main as lightning_main
 
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
@@ -137,7 +136,7 @@ def main(args: Optional[list[str]] = None) -> None:
     if text is not None:
         print(text, end="")
         return
-    from r3lightning.cli import main as lightning_main
+    from r3lightning.cli.main import main as lightning_main
 
     lightning_main(None if from_command_line else args)
 

@@ -14,7 +14,7 @@ import torch
 
 from r3lightning import algos
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.forward import tempered
+from r3lightning.training.forward import tempered
 from r3lightning.types import ExperienceBatch
 
 LOSS_TERMS = ("loss_rl", "loss_kl", "loss_sft", "loss_teacher_kl")

@@ -1,7 +1,9 @@
 """``r3l``: LightningCLI for r3lightning (``r3l fit --config ...``, ``r3l validate --config ...``),
-``r3l export --ckpt_path X.ckpt --out DIR`` (``r3lightning.export``), and ReflectRL's data tools
-``r3l gnt-pool`` and ``r3l reflect-sft`` (``r3lightning.data.reflectrl_tools``). The ``r3l`` script
-enters through ``r3lightning.console``, which answers the help and refusals that need no Lightning."""
+``r3l export --ckpt_path X.ckpt --out DIR`` (``r3lightning.cli.export``), and ReflectRL's data tools
+``r3l gnt-pool`` and ``r3l reflect-sft`` (``r3lightning.cli.reflectrl``). The ``r3l`` script enters
+through ``r3lightning.cli.console``, which answers the help and refusals that need no Lightning.
+
+The CLI is the top layer: it imports the callbacks it adds by default like any other module."""
 
 from __future__ import annotations
 
@@ -19,37 +21,34 @@ from typing import Any, Literal, Optional
 
 import lightning as L
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from r3lightning.checkpoint_io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
-from r3lightning.checkpoint_state import check_checkpoint_state
-from r3lightning.checkpoints import read_checkpoint
-from r3lightning.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
+from r3lightning.callbacks import (
+    ComponentHealth,
+    HealthWatchdog,
+    PhaseReport,
+    RolloutSampleLogger,
+    StepCheckpoint,
+    TrainingDynamicsMonitor,
+    VLLMWeightSync,
+)
+from r3lightning.checkpointing.io import AtomicCheckpointIO, last_checkpoint_places, newest_last_checkpoint
+from r3lightning.checkpointing.read import read_checkpoint
+from r3lightning.checkpointing.resume import check_resume, plain
+from r3lightning.cli.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
+from r3lightning.cli.export import main as export_main
+from r3lightning.cli.progress import StepProgressBar
+from r3lightning.cli.reflectrl import main as reflectrl_main
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.engines.config import replaced_key_note
 from r3lightning.module import R3LightningModule
-from r3lightning.resume_check import check_resume, plain
+from r3lightning.training.checkpoint_state import check_checkpoint_state
 
-# The CLI names its default callbacks by class path: the package never imports r3lightning.callbacks
-# (the layer above it), so the callbacks can depend on the module and not the other way round.
-PHASE_REPORT = "r3lightning.callbacks.PhaseReport"
-MONITORING_CALLBACKS = (
-    "r3lightning.callbacks.TrainingDynamicsMonitor",
-    "r3lightning.callbacks.HealthWatchdog",
-    "r3lightning.callbacks.RolloutSampleLogger",
-)
-# Added unless the config names a ModelCheckpoint of its own or sets trainer.enable_checkpointing: false:
-# last.ckpt every N steps, at the end of fit and on SIGTERM/SIGINT (docs/reliability.md).
-STEP_CHECKPOINT = "r3lightning.callbacks.StepCheckpoint"
-# Always on, configured under ``health:`` (``--health.strict true``): a switched-on method component that
-# never acts is named in a warning, or stops a strict run (docs/monitoring.md, "Component activity").
-COMPONENT_HEALTH = "r3lightning.callbacks.ComponentHealth"
-# Added when model.engine.backend is vllm, unless the config names one: without it vLLM samples from
-# the initial weights for the whole run.
-VLLM_SYNC = "r3lightning.callbacks.VLLMWeightSync"
+MONITORING_CALLBACKS = (TrainingDynamicsMonitor, HealthWatchdog, RolloutSampleLogger)
+"""Added with their defaults unless the config names an instance of the class (docs/monitoring.md)."""
 
 INERT_TRAINER_FLAGS = {
     "gradient_clip_val": (0, "set model.optim.grad_clip (the largest global gradient norm; 0 disables clipping)"),
@@ -109,51 +108,8 @@ def quiet_lightning() -> None:
             logger.addFilter(_not_a_tip)
 
 
-class StepProgressBar(RichProgressBar):
-    """A rich progress bar of optimizer steps: ``global_step / max_steps`` (the task stream is endless,
-    so Lightning's epoch counter says "Epoch 0/-2"), the phase (SFT warm-start or RL) as its
-    description, and the figures worth watching (``PROGRESS_FIGURES``) instead of every ``prog_bar``
-    metric."""
-
-    PROGRESS_FIGURES = (
-        ("train/loss", "loss", "{:.3f}"),
-        ("reward/mean", "reward", "{:.3f}"),
-        ("reward/success_rate", "success", "{:.0%}"),
-        ("rollout/response_len", "len", "{:.1f}"),
-        ("time/rollout_s", "rollout", "{:.1f}s"),
-        ("val/success_rate_greedy", "val greedy", "{:.1%}"),
-    )
-    """(tag, label, format) shown after the bar, when the tag has been logged."""
-
-    @property
-    def total_train_batches(self):
-        max_steps = self.trainer.max_steps
-        return max_steps if max_steps is not None and max_steps > 0 else super().total_train_batches
-
-    def _description(self, pl_module=None) -> str:
-        phase = getattr(pl_module if pl_module is not None else self.trainer.lightning_module, "phase", None)
-        text = {"sft": "SFT warm-start", "rl": "RL"}.get(phase, "Training")
-        return f"{text:{len(self.validation_description)}}"
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        return self._description()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self.is_disabled and self.train_progress_bar_id is None:
-            self._initialize_train_progress_bar_id()
-        if self.progress is not None and self.is_enabled and self.train_progress_bar_id is not None:
-            self.progress.update(self.train_progress_bar_id, description=self._description(pl_module))
-        self._update(self.train_progress_bar_id, trainer.global_step)
-        self._update_metrics(trainer, pl_module)
-        self.refresh()
-
-    def get_metrics(self, trainer, pl_module) -> dict[str, str]:
-        metrics = trainer.callback_metrics
-        return {label: fmt.format(float(metrics[tag])) for tag, label, fmt in self.PROGRESS_FIGURES if tag in metrics}
-
-
 def class_from_path(path: str) -> type:
-    """The class a dotted ``module.Class`` path names."""
+    """The class a config's dotted ``module.Class`` path names (a user's ``class_path``)."""
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
 
@@ -198,8 +154,7 @@ LIGHTNING_CKPT_NAMES = ("last", "best", "hpc")
 
 def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
     """Why a finished ``r3l fit`` stopped unhealthy (``model.max_bad_steps`` consecutive non-finite
-    steps), or None. Names the health watchdog's checkpoint of the last good weights when it saved one
-    (found by its ``stop_checkpoint`` attribute: the package does not import the callbacks)."""
+    steps), or None. Names the health watchdog's checkpoint of the last good weights when it saved one."""
     module = getattr(cli, "model", None)
     trainer = getattr(cli, "trainer", None)
     if getattr(cli, "subcommand", None) != "fit" or module is None or trainer is None:
@@ -207,7 +162,7 @@ def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
     bad, limit = int(getattr(module, "consecutive_bad_steps", 0)), int(getattr(module, "max_bad_steps", 0) or 0)
     if limit <= 0 or bad < limit:
         return None
-    saved = next((c.stop_checkpoint for c in trainer.callbacks if getattr(c, "stop_checkpoint", None)), None)
+    saved = next((c.stop_checkpoint for c in trainer.callbacks if isinstance(c, HealthWatchdog) and c.stop_checkpoint), None)
     where = f"; the last good weights are in {saved}" if saved else ""
     return (
         f"training stopped unhealthy at global step {trainer.global_step}: {bad} consecutive steps with non-finite "
@@ -218,18 +173,20 @@ def unhealthy_stop(cli: LightningCLI) -> Optional[str]:
 def added_callbacks(trainer_config: dict, engine_backend: str) -> list:
     """The callbacks ``r3l`` adds to the ``trainer:`` section's own (``trainer_config["callbacks"]``,
     instantiated): the step progress bar unless ``enable_progress_bar`` is false; the phase report and
-    ``MONITORING_CALLBACKS`` unless the config names an instance of that class; ``STEP_CHECKPOINT``
-    unless it names a ``ModelCheckpoint`` or sets ``enable_checkpointing: false``; ``VLLM_SYNC`` when
-    ``engine_backend`` is ``vllm`` unless it names one."""
+    ``MONITORING_CALLBACKS`` unless the config names an instance of that class; ``StepCheckpoint``
+    (``last.ckpt`` every N steps, at the end of fit and on SIGTERM/SIGINT: docs/reliability.md) unless
+    it names a ``ModelCheckpoint`` or sets ``enable_checkpointing: false``; ``VLLMWeightSync`` when
+    ``engine_backend`` is ``vllm`` unless it names one (without it vLLM samples from the initial
+    weights for the whole run)."""
     configured = trainer_config.get("callbacks") or []
     configured = configured if isinstance(configured, list) else [configured]
     added = [StepProgressBar()] if trainer_config.get("enable_progress_bar", True) is not False else []
-    defaults = [class_from_path(path) for path in (PHASE_REPORT, *MONITORING_CALLBACKS)]
+    defaults = [PhaseReport, *MONITORING_CALLBACKS]
     if engine_backend == "vllm":
-        defaults.append(class_from_path(VLLM_SYNC))
+        defaults.append(VLLMWeightSync)
     added += [cls() for cls in defaults if not any(isinstance(c, cls) for c in configured)]
     if trainer_config.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in configured):
-        added.append(class_from_path(STEP_CHECKPOINT)())
+        added.append(StepCheckpoint())
     return added
 
 
@@ -248,7 +205,7 @@ class R3LightningCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         """``fit`` and ``validate`` (LightningCLI's ``test`` and ``predict`` have no meaning here:
-        ``r3lightning.console.REFUSED_COMMANDS`` says what to use instead)."""
+        ``r3lightning.cli.console.REFUSED_COMMANDS`` says what to use instead)."""
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
 
     def add_core_arguments_to_parser(self, parser) -> None:
@@ -297,7 +254,7 @@ class R3LightningCLI(LightningCLI):
         """Exit with status 128 + the signal's number when a signal stopped training (``StepCheckpoint``
         has saved ``last.ckpt`` and printed how to resume)."""
         for callback in self.trainer.callbacks:
-            name = getattr(callback, "stopped_by_signal", None)
+            name = callback.stopped_by_signal if isinstance(callback, StepCheckpoint) else None
             if name:
                 raise SystemExit(128 + int(getattr(signal.Signals, name, signal.SIGTERM)))
 
@@ -307,7 +264,7 @@ class R3LightningCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except SystemExit as stop:
-            name = next((c.interrupted_by for c in self.trainer.callbacks if getattr(c, "interrupted_by", None)), None)
+            name = next((c.interrupted_by for c in self.trainer.callbacks if isinstance(c, StepCheckpoint) and c.interrupted_by), None)
             if name and stop.code == 1:
                 raise SystemExit(128 + int(signal.Signals[name])) from None
             raise
@@ -335,7 +292,7 @@ class R3LightningCLI(LightningCLI):
                 p.exit_on_error = exit_on_error
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(class_from_path(COMPONENT_HEALTH), "health")
+        parser.add_lightning_class_args(ComponentHealth, "health")
         parser.add_argument(
             "--resume_with",
             type=Optional[Literal["checkpoint", "config"]],
@@ -450,7 +407,7 @@ def _checkpoint_dirs_of(trainer: Any) -> tuple[list[str], Optional[tuple[str, st
 
 def resolve_last_ckpt_path(config: Any) -> None:
     """``ckpt_path: last`` in a parsed ``r3l`` config becomes the newest ``last.ckpt`` of the run
-    (``r3lightning.checkpoint_io.last_checkpoint_places``: the fixed ``dirpath`` of a configured
+    (``r3lightning.checkpointing.io.last_checkpoint_places``: the fixed ``dirpath`` of a configured
     ``ModelCheckpoint``, and ``<save_dir>/<name>/*/checkpoints/`` of the logger, i.e. every version of
     the run; ``<default_root_dir>/checkpoints`` without a logger). Nothing found: a ``ValueError``
     naming where it looked, before anything is built. (Lightning's own ``"last"`` looks only in the new
@@ -488,15 +445,10 @@ def main(args: list[str] | None = None) -> None:
     from_command_line = args is None
     args = list(args if args is not None else sys.argv[1:])
     if args[:1] == ["export"]:
-        from r3lightning.export import main as export_main
-
         export_main(args[1:])
         return
     if args[:1] in (["gnt-pool"], ["reflect-sft"]):
-        from r3lightning.data.reflectrl_tools import main as reflectrl_main
-        from r3lightning.export import load_policy
-
-        reflectrl_main(args[0], args[1:], load_policy)
+        reflectrl_main(args[0], args[1:])
         return
     try:
         cli = R3LightningCLI(args=None if from_command_line else args)

@@ -66,7 +66,7 @@ def reflective_row(
 
 def suite_verifier(suite: TaskSuite) -> Verify:
     """``Verify`` by ``suite``'s own environment (the pool's verifier): reset with the row's task, step once."""
-    from r3lightning.data.gnt_pool import verify_response
+    from r3lightning.data.reflectrl.gnt_pool import verify_response
 
     def verify(row: dict[str, Any], response: str) -> bool:
         _, success, _, failed = verify_response(suite, pool_task(row), response)

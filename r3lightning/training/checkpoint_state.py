@@ -1,17 +1,74 @@
-"""What a checkpoint must hold and prove before it is loaded, and which config types it may contain."""
+"""What the module's checkpoints hold beyond the weights, and the checks before Lightning restores any of it.
+
+The module writes its ``r3lightning`` section (phase, weight version, skipped steps, tokenizer
+fingerprint: ``r3lightning_section``) and, on load, refuses a checkpoint that does not fit the run
+(``check_loadable``). Its config dataclasses are allowed in torch's safe loader (``allow_in_checkpoints``).
+
+A resume also restores the data module's state (task cursor, R³ replay buffer) and every callback's
+state (health history, distillation teacher, phase report). A damaged or foreign field would otherwise
+surface as a ``KeyError`` / ``AttributeError`` traceback from inside Lightning's restore, or as "invalid
+literal for int()" naming no file. ``check_checkpoint_state`` checks them all first and raises one
+``ValueError`` naming the checkpoint and the field. Callbacks take part through a
+``check_state_dict(state)`` method that raises ``ValueError("<field>: <problem>")`` (this layer sits
+below the callbacks, so it asks the trainer's instances).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
-import zipfile
-import zlib
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
-from r3lightning.models import tokenizer_fingerprint
+from r3lightning.data.state_checks import expect_int, expect_type
+from r3lightning.training.models import tokenizer_fingerprint
+
+PHASES = ("sft", "rl")
+"""The values of the ``r3lightning`` section's ``phase``."""
+
+
+def check_r3lightning_section(section: Any) -> None:
+    """The module's own section (``r3lightning_section``): phase, weight version, skipped steps."""
+    expect_type(section, dict, "r3lightning")
+    if "phase" in section and section["phase"] not in PHASES:
+        raise ValueError(f"r3lightning.phase: {section['phase']!r} is not one of {', '.join(PHASES)}")
+    for key in ("weight_version", "skipped_steps"):
+        if key in section:
+            expect_int(section[key], f"r3lightning.{key}")
+
+
+def check_checkpoint_state(checkpoint: dict[str, Any], path: Optional[str], trainer: Any = None) -> None:
+    """Refuse a checkpoint whose restorable state is damaged, with one line naming ``path`` and the field.
+
+    Checks the ``r3lightning`` section, the data module's section (under its class name, Lightning's
+    key) and, with a ``trainer``, the state of each of its callbacks that has a ``check_state_dict``.
+    """
+    from r3lightning.data.datamodule import RolloutDataModule
+
+    name = path if path else "(in memory)"
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    data_keys = {RolloutDataModule.__qualname__, *([type(datamodule).__qualname__] if datamodule is not None else [])}
+    try:
+        if "r3lightning" in checkpoint:
+            check_r3lightning_section(checkpoint["r3lightning"])
+        for key in sorted(data_keys & set(checkpoint)):
+            try:
+                RolloutDataModule.check_state_dict(checkpoint[key])
+            except ValueError as err:
+                raise ValueError(f"{key}.{err}") from None
+        states = checkpoint.get("callbacks", {})
+        if trainer is not None and states:
+            expect_type(states, dict, "callbacks")
+            for callback in getattr(trainer, "callbacks", []):
+                key = getattr(callback, "state_key", None)
+                if key in states and hasattr(callback, "check_state_dict"):
+                    try:
+                        expect_type(states[key], dict, "state")
+                        callback.check_state_dict(states[key])
+                    except ValueError as err:
+                        raise ValueError(f"callbacks[{key!r}].{err}") from None
+    except ValueError as err:
+        raise ValueError(f"checkpoint {name!r}: damaged state, {err}") from None
 
 
 def allow_in_checkpoints(*configs: Any) -> None:
@@ -36,71 +93,6 @@ def allow_in_checkpoints(*configs: Any) -> None:
             stack.extend(value.values())
     if found:
         torch.serialization.add_safe_globals(sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}"))
-
-
-CHECKPOINT_KEYS = ("state_dict", "hyper_parameters", "r3lightning")
-"""What every r3lightning checkpoint holds: the module's tensors, its init arguments (hyper-parameters) and
-the ``r3lightning`` section (``r3lightning_section``)."""
-
-
-def read_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint file ``path`` handed in by a user (``--ckpt_path``, ``r3l export``), checked where it
-    enters: loaded on CPU, memory-mapped, with torch's safe (``weights_only``) unpickler.
-
-    Raises ValueError with one line naming the file and what is wrong: a directory (sharded), no such
-    file, an empty file, not a zip archive (truncated, or another kind of file), a member that fails its
-    CRC-32 (a flipped byte, a partly written file: every member is read once to check it, about
-    0.4 s per GB), objects the safe loader refuses, or a PyTorch file without an r3lightning checkpoint's
-    ``state_dict`` / ``hyper_parameters`` / ``r3lightning`` sections.
-    """
-    # The module registers its config dataclasses (the hyper-parameters) with the safe loader on import.
-    import r3lightning.module  # noqa: F401
-
-    if os.path.isdir(path):
-        raise ValueError(
-            f"checkpoint {path!r} is a directory (a sharded FSDP checkpoint?); consolidate it into one "
-            "file first (python -m lightning.pytorch.utilities.consolidate_checkpoint)"
-        )
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r}: no such file")
-    size = os.path.getsize(path)
-    if size == 0:
-        raise ValueError(f"checkpoint {path!r} is empty (0 bytes: a save that was interrupted?)")
-    if not zipfile.is_zipfile(path):
-        raise ValueError(
-            f"checkpoint {path!r} is not a PyTorch checkpoint: not a zip archive ({size} bytes; a truncated "
-            "copy, or another kind of file)"
-        )
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as err:
-        raise ValueError(f"checkpoint {path!r} is damaged: its archive cannot be read ({err})") from err
-    if damaged is not None:
-        raise ValueError(
-            f"checkpoint {path!r} is damaged: its member {damaged!r} fails its CRC-32 check (corrupted on disk "
-            "or in transfer, or partly written)"
-        )
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"checkpoint {path!r} holds objects the safe loader refuses: {err}") from err
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
-        raise ValueError(f"checkpoint {path!r} is not a PyTorch checkpoint ({type(err).__name__}: {err})") from err
-    if not isinstance(checkpoint, dict):
-        raise ValueError(f"checkpoint {path!r} was not written by r3lightning: it holds a {type(checkpoint).__name__}, not a dict")
-    missing = [key for key in CHECKPOINT_KEYS if key not in checkpoint]
-    if missing:
-        raise ValueError(
-            f"checkpoint {path!r} was not written by r3lightning: no {', '.join(map(repr, missing))} section "
-            f"(it has {', '.join(map(repr, list(checkpoint)[:8])) or 'nothing'})"
-        )
-    section = checkpoint["r3lightning"]
-    if not isinstance(section, dict) or "tokenizer_fingerprint" not in section:
-        raise ValueError(f"checkpoint {path!r}: its 'r3lightning' section has no tokenizer_fingerprint")
-    if not isinstance(checkpoint["hyper_parameters"], dict) or "model" not in checkpoint["hyper_parameters"]:
-        raise ValueError(f"checkpoint {path!r}: its hyper_parameters have no 'model' (ModelConfig)")
-    return checkpoint
 
 
 def r3lightning_section(phase: str, weight_version: int, skipped_steps: int, tokenizer, model_config, in_memory_tokenizer: bool) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""Export a training checkpoint as a Hugging Face model directory (``r3l export``).
+"""Export a training checkpoint, or a live policy, as a Hugging Face model directory (the library of
+``r3l export`` and of the ``HuggingFaceExport`` callback).
 
 A Lightning checkpoint of :class:`~r3lightning.module.R3LightningModule` holds everything needed:
 
-- ``hyper_parameters["model"]``: the :class:`~r3lightning.models.ModelConfig` the policy was built
+- ``hyper_parameters["model"]``: the :class:`~r3lightning.training.models.ModelConfig` the policy was built
   from (a tiny spec, or ``name_or_path``; LoRA rank and targets);
 - ``r3lightning["tokenizer_json"]``: the in-memory tokenizer of a tiny model (None for hub/local
   models, whose tokenizer is loaded from ``name_or_path`` again) and its ``tokenizer_fingerprint``;
@@ -18,16 +19,15 @@ can load (``name_or_path``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import torch
 
-from r3lightning.checkpoints import read_checkpoint
-from r3lightning.models import (
+from r3lightning.checkpointing.read import read_checkpoint
+from r3lightning.training.models import (
     ModelConfig,
     TinyModelSpec,
     apply_lora,
@@ -44,7 +44,7 @@ def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
     """The checkpoint at ``ckpt_path``, loaded on CPU with torch's safe (``weights_only``) unpickler.
 
     Memory-mapped, so the optimizer states it also holds are never read into memory.
-    Raises ValueError naming the file and what is wrong (``r3lightning.checkpoints.read_checkpoint``:
+    Raises ValueError naming the file and what is wrong (``r3lightning.checkpointing.read.read_checkpoint``:
     missing, empty, truncated, damaged, not an r3lightning checkpoint; here also no ModelConfig).
     """
     checkpoint = read_checkpoint(ckpt_path)
@@ -224,27 +224,3 @@ def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: Lo
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    """``r3l export --ckpt_path run.ckpt --out model_dir [--lora merged|adapter]``."""
-    parser = argparse.ArgumentParser(
-        prog="r3l export", description="Export an r3lightning checkpoint's policy as a Hugging Face model directory."
-    )
-    parser.add_argument("--ckpt_path", required=True, help="checkpoint file written during training (.ckpt)")
-    parser.add_argument("--out", required=True, help="directory to write (created; must be empty)")
-    parser.add_argument(
-        "--lora",
-        choices=("merged", "adapter"),
-        default="merged",
-        help="LoRA policies: merge the adapters into the weights (default) or write the PEFT adapter only",
-    )
-    args = parser.parse_args(argv)
-    try:
-        out = export_checkpoint(args.ckpt_path, args.out, lora=args.lora)
-    except (ValueError, OSError) as err:
-        # A bad file or setting is bad input (status 1, as for ``r3l fit``); argparse's usage errors exit 2.
-        if os.environ.get("R3L_TRACEBACK", "0") not in ("", "0"):
-            raise
-        parser.exit(1, f"r3l export: error: {' '.join(str(err).split())}\n")
-    print(f"r3l export: wrote {out}")

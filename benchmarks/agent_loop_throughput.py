@@ -37,9 +37,16 @@ still does (docs/engines.md has both).
 Each batch size is timed ``--repeats`` times (default 3), interleaved (1, 16, 64, 1, 16, 64, ...) so that
 load from other processes falls on all of them alike; the median pass is reported.
 
-    python benchmarks/agent_loop_throughput.py --out benchmarks/results/agent_loop_throughput_cpu.json
-    python benchmarks/agent_loop_throughput.py --no-prefix-cache \
+    python -m benchmarks.agent_loop_throughput --out benchmarks/results/agent_loop_throughput_cpu.json
+    python -m benchmarks.agent_loop_throughput --no-prefix-cache \
         --out benchmarks/results/agent_loop_throughput_cpu_no_prefix_cache.json
+
+It measures the r3lightning it imports, which ``python -m`` takes from the working directory. To measure
+another checkout (e.g. a git worktree of an older commit, ``scripts.worktrees``), run it from there with
+this checkout on ``PYTHONPATH`` for the ``benchmarks`` package; the JSON's ``config.repo`` says which
+checkout ran:
+
+    cd /tmp/r3l-before && PYTHONPATH=/path/to/r3lightning python -m benchmarks.agent_loop_throughput --out ...
 """
 
 from __future__ import annotations
@@ -48,19 +55,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# ``--repo PATH`` measures another checkout of r3lightning (e.g. a git worktree of an older commit).
-_REPO = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--repo"), str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, _REPO)
 
 import torch  # noqa: E402
-from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
+import r3lightning  # noqa: E402
+from benchmarks.machine_info import machine_info  # noqa: E402
 from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402
 from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters  # noqa: E402
@@ -171,7 +175,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes per batch size, interleaved across batch sizes so that load changes "
                              "on a shared machine hit all of them alike; the median pass is reported")
-    parser.add_argument("--repo", default=_REPO, help="r3lightning checkout to measure (default: this one)")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="re-prefill every episode's whole conversation on every turn (the engine before "
                              "its prefix cache)")
@@ -188,7 +191,7 @@ def main() -> None:
     spec = TinyModelSpec(hidden_size=args.hidden_size, num_layers=args.num_layers, num_attention_heads=2,
                          num_key_value_heads=1, intermediate_size=2 * args.hidden_size, vocab_size=args.vocab_size)
     model = build_tiny_model(spec, tokenizer, seed=args.seed).to(args.device)
-    compiled = {"fused_compile": True} if args.fused_compile else {}  # older checkouts (--repo) lack the option
+    compiled = {"fused_compile": True} if args.fused_compile else {}  # older checkouts lack the option
     engine = TimedEngine(HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache, **compiled))
     loop = AgentLoop(suite, engine, tokenizer, agent)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
@@ -232,7 +235,7 @@ def main() -> None:
         "config": {
             "suite": {"class": "ProceduralWorldSuite", "difficulty": args.difficulty, "max_turns": suite.max_turns},
             "engine": "hf",
-            "repo": args.repo,
+            "repo": str(Path(r3lightning.__file__).resolve().parents[1]),
             "prefix_cache": not args.no_prefix_cache,
             "fused_compile": args.fused_compile,
             **({"compile": engine.inner.compile_stats()} if args.fused_compile else {}),

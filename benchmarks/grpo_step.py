@@ -1,7 +1,7 @@
 """One GRPO training step, split into its parts, for r3lightning's ``hf`` and ``vllm`` engines and TRL.
 
-    nice -n -5 python benchmarks/grpo_step.py --out benchmarks/results/grpo_step_cpu.json
-    python benchmarks/grpo_step.py --repo /tmp/r3l-before --label before ...   # an older checkout
+    nice -n -5 python -m benchmarks.grpo_step --out benchmarks/results/grpo_step_cpu.json
+    python -m benchmarks.grpo_step --repo /tmp/r3l-before --label before ...   # an older checkout
 
 The setup (the same for all three): a random-init Qwen2 built in memory (hidden 256, 4 layers, 8 query
 heads, 2 key/value heads, MLP 688, the in-memory BPE tokenizer's vocabulary), float32 on CPU; 8 prompts
@@ -10,7 +10,8 @@ x 8 samples, up to 32 new tokens at temperature 1, one micro-batch of 64, GRPO a
 PPO-clip loss (token mean, eps 0.2), no KL, AdamW lr 1e-6 (one optimizer step per rollout). Reward 1
 when the first integer of the completion is the answer.
 
-Each variant runs in its own process (``--worker``): ``hf`` and ``vllm`` train an
+Each variant runs in its own process (``--worker``, this file run with the measured checkout on
+``PYTHONPATH``): ``hf`` and ``vllm`` train an
 ``R3LightningModule`` with a Lightning ``Trainer`` (no logger, no checkpoints, no progress bar);
 ``trl`` runs TRL's ``GRPOTrainer`` (``report_to="none"``, ``logging_steps=1``) in its own virtual
 environment (``benchmarks/.venv-trl``, created on first use with ``pip install torch==2.13.0 trl``;
@@ -89,7 +90,6 @@ def task_order(n: int) -> list[int]:
 
 # ---- the model, written once for every worker -----------------------------------------------------------
 def write_model(directory: Path) -> dict:
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer
@@ -146,9 +146,9 @@ def flop_limits(model_info: dict) -> dict:
     train 6 x matmul params x 64 x (prompt + 32). The rate is the square-matrix one (``matmul_rate``);
     ``rollout_s_at_decode_rate`` is the rollout at the rate of its own 64-row matmuls (``decode_matmul_rate``),
     for reference."""
-    sys.path.insert(0, str(HERE))
     import torch
-    from rollout_throughput import matmul_rate
+
+    from benchmarks.rollout_throughput import matmul_rate
 
     rate = matmul_rate(torch.float32, "cpu")["flops_per_s"]
     decode_rate = decode_matmul_rate(model_info)
@@ -177,8 +177,7 @@ def time_method(obj, name: str, timings: dict[str, float], part: str) -> None:
 
 def r3l_worker(args) -> dict:
     repo = Path(args.repo).resolve()
-    sys.path.insert(0, str(repo))
-    import r3lightning
+    import r3lightning  # from repo: run_worker puts it first on PYTHONPATH
 
     r3lightning.__path__.append(str(repo))  # r3lightning.callbacks -> repo/callbacks (the installed layout)
     import lightning as L
@@ -368,7 +367,7 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
                "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if engine_options:
         command += ["--engine-options", engine_options]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    env = {**os.environ, "PYTHONPATH": repo, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
@@ -414,8 +413,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    sys.path.insert(0, str(HERE))
-    from machine_info import machine_info
+    from benchmarks.machine_info import machine_info
 
     errors: list[str] = []
     pythons = {"hf": sys.executable, "vllm": sys.executable}

@@ -9,9 +9,9 @@ both runs and the per-step R³L figures.
 It answers "did this range of commits change what the recipe learns?" without bisecting: when the two
 ends train the same run, no commit in between did (for this recipe, on this machine).
 
-    python benchmarks/commit_equivalence.py d37f6aa HEAD --recipe configs/quickstart.yaml \
+    python -m scripts.commit_equivalence d37f6aa HEAD --recipe configs/quickstart.yaml \
         --out benchmarks/results/quickstart_code_bisect.json
-    python benchmarks/commit_equivalence.py a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
+    python -m scripts.commit_equivalence a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
         --fit-args "--trainer.max_steps 240" --out ...     # the warm-start phase only
 """
 
@@ -27,11 +27,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
-from refactor_equivalence import compare, read_scalars  # noqa: E402
-from worktrees import add_worktree, remove_worktree  # noqa: E402
+from benchmarks.machine_info import machine_info
+from scripts.refactor_equivalence import compare, read_scalars
+from scripts.worktrees import add_worktree, remove_worktree
 
 # Shown per step in the JSON: what a reader of an R³L run looks at first.
 SHOWN = (

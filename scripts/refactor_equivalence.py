@@ -10,8 +10,8 @@ The two runs:
 Every scalar except wall-clock ones (``time/``, ``perf/``) is compared at every step; ``--check`` fails
 when any differs from the recorded file by more than ``--tol`` or a tag appears or disappears.
 
-    python benchmarks/refactor_equivalence.py --record benchmarks/results/refactor_equivalence.json
-    python benchmarks/refactor_equivalence.py --check benchmarks/results/refactor_equivalence.json
+    python -m scripts.refactor_equivalence --record benchmarks/results/refactor_equivalence.json
+    python -m scripts.refactor_equivalence --check benchmarks/results/refactor_equivalence.json
 """
 
 from __future__ import annotations
@@ -20,15 +20,12 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info
 
 WALL_CLOCK_PREFIXES = ("time/", "perf/")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]

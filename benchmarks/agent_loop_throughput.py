@@ -16,23 +16,17 @@ loop books them); ``env_calls`` counts the ``Environment.step`` calls among them
 the engine's ``generate`` calls and everything else in the loop (tokenizing observations, bookkeeping,
 environment steps); the ``other_s_per_turn_*`` figures are that remainder per turn.
 
-Threads: the default is one torch thread. With torch's default (one per core) on a 2-core machine
-shared with other processes, every tiny matmul waits on OpenMP barriers: a decoding step of this model
-took 25 ms at batch 1 and 360 ms at batch 64 with 2 threads, against 6.6 and 29 ms with 1 thread
-(random-init model, load average 5-8 on the 2 cores; the speedup at batch 64 was 4.0x with 2 threads
-and 5.2x with 1).
+Threads: the default is one torch thread. With one per core on a 2-core machine shared with other
+processes, every tiny matmul of this model waits on OpenMP barriers, which cost more than the arithmetic
+(docs/results.md has the measurement).
 
-What limits the speedup (measured on that box, one thread): at batch 1 a turn costs about 30 ms, almost
-all of it per-token overhead of ``generate`` (16 decoding steps of ~2 ms). At batch 64 that overhead is
-shared and the cost is attention and prefill. Without its prefix cache the ``hf`` engine re-encoded
-every episode's whole conversation (~600 tokens) on every turn, left-padded to the longest context of
-the batch: prefill was 87% of the batch-64 ``generate`` time and 64 episodes ran only 2.4-2.9x faster
-than one at a time. The prefix cache (``HFEngine(prefix_cache=True)``, the default) keeps each finished
-sequence's KV, so a turn prefills only its new observation (81% of prompt tokens come from the cache);
-``--no-prefix-cache`` measures the engine without it. Since the fused prefill (the engine's default on
-the CPU) the last layer attends from each row's last column only, so with the default one-layer model
-the observation's prefill does almost no attention; ``--num-layers 4`` shows a deeper model, where it
-still does (docs/engines.md has both).
+What limits the speedup: at batch 1 a turn is mostly per-token overhead of the decoding loop; at batch
+64 that overhead is shared and the cost is attention and prefill. The prefix cache
+(``HFEngine(prefix_cache=True)``, the default) keeps each finished sequence's KV, so a turn prefills only
+its new observation instead of the whole conversation; ``--no-prefix-cache`` measures the engine
+without it. The fused prefill (the engine's default on the CPU) attends from each row's last column
+only in the last layer, so with the default one-layer model the observation's prefill does almost no
+attention; ``--num-layers 4`` shows a deeper model, where it still does.
 
 Each batch size is timed ``--repeats`` times (default 3), interleaved (1, 16, 64, 1, 16, 64, ...) so that
 load from other processes falls on all of them alike; the median pass is reported.

@@ -1,6 +1,6 @@
 """GPU throughput: the ``hf`` engine's decoding (eager and compiled) on the Qwen2-0.5B shape, and
-bf16-mixed training throughput with MFU on a ~100M-parameter model. Prepared for a GPU session; not run
-yet (no GPU was lent when it was written). Without CUDA it writes a JSON whose figures say "not run".
+bf16-mixed training throughput with MFU on a ~100M-parameter model, for a GPU session
+(``scripts/gpu_session.sh``). Without CUDA it writes a JSON whose figures say "not run".
 
     OUT=/tmp/out; python -m benchmarks.gpu_throughput --out $OUT/gpu_throughput.json      # ~5 min on an H200
 

@@ -59,6 +59,7 @@ import torch  # noqa: E402
 
 import r3lightning  # noqa: E402
 from benchmarks.machine_info import machine_info  # noqa: E402
+from benchmarks.timing import time_calls  # noqa: E402
 from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402
 from r3lightning.models import TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters  # noqa: E402
@@ -67,31 +68,24 @@ from r3lightning.rollout.engine import SamplingParams  # noqa: E402
 from r3lightning.rollout.hf_engine import HFEngine  # noqa: E402
 
 
-class TimedEngine:
-    """Wraps an engine; per ``generate`` call records (wall time, batch size, generated tokens, prompt
-    tokens, padded prompt tokens = batch size x longest prompt)."""
+def timed_generate(engine: HFEngine) -> list[tuple[float, int, int, int, int]]:
+    """Time ``engine.generate``; the list it returns gets, per call, (wall time, batch size, generated
+    tokens, prompt tokens, padded prompt tokens = batch size x longest prompt)."""
+    calls: list[tuple[float, int, int, int, int]] = []
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[float, int, int, int, int]] = []
-
-    @property
-    def weight_version(self) -> int:
-        return self.inner.weight_version
-
-    def generate(self, prompts, params):
-        start = time.perf_counter()
-        out = self.inner.generate(prompts, params)
+    def record(seconds, out, prompts, params) -> None:
         lengths = [len(p) for p in prompts]
-        self.calls.append((time.perf_counter() - start, len(prompts), sum(len(g.token_ids) for g in out),
-                           sum(lengths), len(lengths) * max(lengths)))
-        return out
+        calls.append((seconds, len(prompts), sum(len(g.token_ids) for g in out), sum(lengths), len(lengths) * max(lengths)))
+
+    time_calls(engine, "generate", record)
+    return calls
 
 
-def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: SamplingParams, seed: int) -> dict:
-    """Play ``tasks`` in runs of ``batch`` concurrent episodes; totals over all runs."""
-    engine.calls.clear()
-    engine.inner.stats.update(prompt_tokens=0, reused_prompt_tokens=0)
+def play(loop: AgentLoop, engine: HFEngine, calls: list, tasks, batch: int, params: SamplingParams, seed: int) -> dict:
+    """Play ``tasks`` in runs of ``batch`` concurrent episodes; totals over all runs (``calls``: the
+    engine's ``timed_generate`` list)."""
+    calls.clear()
+    engine.stats.update(prompt_tokens=0, reused_prompt_tokens=0)
     torch.manual_seed(seed)
     trajectories = []
     start = time.perf_counter()
@@ -102,20 +96,20 @@ def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: Sampli
     cpu = time.process_time() - cpu_start
     turns = sum(len(t.turns) for t in trajectories)
     env_calls = sum(1 for t in trajectories for turn in t.turns if turn.action)
-    generate_s = sum(c[0] for c in engine.calls)
+    generate_s = sum(c[0] for c in calls)
     return {
         "wall_s": wall,
         "cpu_s": cpu,
         "episodes": len(trajectories),
         "turns": turns,
         "env_calls": env_calls,
-        "generated_tokens": sum(c[2] for c in engine.calls),
+        "generated_tokens": sum(c[2] for c in calls),
         "generate_s": generate_s,
-        "generate_calls": len(engine.calls),
-        "mean_generate_batch": statistics.fmean(c[1] for c in engine.calls),
-        "prompt_tokens": sum(c[3] for c in engine.calls),
-        "padded_prompt_tokens": sum(c[4] for c in engine.calls),
-        "prefix_cache_hit_rate": engine.inner.cache_hit_rate(),
+        "generate_calls": len(calls),
+        "mean_generate_batch": statistics.fmean(c[1] for c in calls),
+        "prompt_tokens": sum(c[3] for c in calls),
+        "padded_prompt_tokens": sum(c[4] for c in calls),
+        "prefix_cache_hit_rate": engine.cache_hit_rate(),
         "successes": sum(t.success for t in trajectories),
         "end_reasons": sorted({t.end_reason for t in trajectories}),
     }
@@ -186,7 +180,8 @@ def main() -> None:
                          num_key_value_heads=1, intermediate_size=2 * args.hidden_size, vocab_size=args.vocab_size)
     model = build_tiny_model(spec, tokenizer, seed=args.seed).to(args.device)
     compiled = {"fused_compile": True} if args.fused_compile else {}  # older checkouts lack the option
-    engine = TimedEngine(HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache, **compiled))
+    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache, **compiled)
+    calls = timed_generate(engine)
     loop = AgentLoop(suite, engine, tokenizer, agent)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     tasks = [suite.train_task(i) for i in range(args.episodes)]
@@ -194,12 +189,12 @@ def main() -> None:
     if sft:
         print(f"warm start: {json.dumps(sft)}", flush=True)
 
-    play(loop, engine, tasks[:1], 1, params, args.seed)  # warm-up
+    play(loop, engine, calls, tasks[:1], 1, params, args.seed)  # warm-up
     figures: dict[str, float] = {}
     passes: dict[int, list[dict]] = {batch: [] for batch in args.batches}
     for _ in range(args.repeats):
         for batch in args.batches:
-            passes[batch].append(play(loop, engine, tasks, batch, params, args.seed))
+            passes[batch].append(play(loop, engine, calls, tasks, batch, params, args.seed))
     runs = {}
     for batch in args.batches:
         r = sorted(passes[batch], key=lambda p: p["wall_s"])[len(passes[batch]) // 2]
@@ -232,7 +227,7 @@ def main() -> None:
             "repo": str(Path(r3lightning.__file__).resolve().parents[1]),
             "prefix_cache": not args.no_prefix_cache,
             "fused_compile": args.fused_compile,
-            **({"compile": engine.inner.compile_stats()} if args.fused_compile else {}),
+            **({"compile": engine.compile_stats()} if args.fused_compile else {}),
             "device": args.device,
             "model": {**spec.__dict__, "params": count_parameters(model)},
             "warm_start": sft,

@@ -161,21 +161,9 @@ def flop_limits(model_info: dict) -> dict:
 
 
 # ---- r3lightning workers ---------------------------------------------------------------------------------
-def time_method(obj, name: str, timings: dict[str, float], part: str) -> None:
-    """Replace ``obj.name`` by a wrapper that adds each call's wall time to ``timings[part]``."""
-    fn = getattr(obj, name)
-
-    def wrapper(*a, **k):
-        start = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            timings[part] += time.perf_counter() - start
-
-    setattr(obj, name, wrapper)
-
-
 def r3l_worker(args) -> dict:
+    from benchmarks.timing import add_seconds, time_calls
+
     repo = Path(args.repo).resolve()
     import r3lightning  # from repo: run_worker puts it first on PYTHONPATH
 
@@ -250,18 +238,18 @@ def r3l_worker(args) -> dict:
         from r3lightning.callbacks import VLLMWeightSync
 
         sync = VLLMWeightSync(check_every_n=0)
-        time_method(sync, "sync", timings, "sync")
+        time_calls(sync, "sync", add_seconds(timings, "sync"))
         callbacks.append(sync)
 
-    time_method(data, "rollout", timings, "rollout")
-    time_method(module, "optimize", timings, "train")
-    time_method(module_lib, "make_experience", timings, "experience")
+    time_calls(data, "rollout", add_seconds(timings, "rollout"))
+    time_calls(module, "optimize", add_seconds(timings, "train"))
+    time_calls(module_lib, "make_experience", add_seconds(timings, "experience"))
     steps: list[dict] = []
     marks: list[tuple[float, dict]] = []
 
     class Clock(L.Callback):
         def on_train_start(self, trainer, pl_module):
-            time_method(pl_module.engine, "generate", timings, "generate")
+            time_calls(pl_module.engine, "generate", add_seconds(timings, "generate"))
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             marks.append((time.perf_counter(), dict(timings)))
@@ -297,6 +285,8 @@ def trl_worker(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from benchmarks.timing import add_seconds, time_calls
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     timings: dict[str, float] = {p: 0.0 for p in PARTS}
@@ -324,9 +314,9 @@ def trl_worker(args) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=dataset, processing_class=tokenizer)
 
     gen_name = "_generate" if hasattr(trainer, "_generate") else "_generate_single_turn"
-    time_method(trainer, gen_name, timings, "rollout")
-    time_method(trainer, "_generate_and_score_completions", timings, "experience")  # minus rollout and reward, below
-    time_method(trainer, "training_step", timings, "train")  # minus the generation it triggers, below
+    time_calls(trainer, gen_name, add_seconds(timings, "rollout"))
+    time_calls(trainer, "_generate_and_score_completions", add_seconds(timings, "experience"))  # minus rollout and reward, below
+    time_calls(trainer, "training_step", add_seconds(timings, "train"))  # minus the generation it triggers, below
     marks: list[tuple[float, dict]] = []
 
     class Clock(TrainerCallback):
@@ -367,7 +357,8 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
                "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if engine_options:
         command += ["--engine-options", engine_options]
-    env = {**os.environ, "PYTHONPATH": repo, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # The measured checkout's r3lightning first; this checkout's benchmarks package after it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((repo, str(ROOT))), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)

@@ -7,7 +7,7 @@ B / A per round.
 
 In a worktree the package is imported from the worktree (``PYTHONPATH``) while the editable install
 still maps ``r3lightning.callbacks`` to the main checkout; a symlink puts the worktree's own callbacks
-there instead (``worktrees.add_worktree``). That layout puts a top-level ``callbacks`` on the path, so
+there instead (``scripts.worktrees.add_worktree``). That layout puts a top-level ``callbacks`` on the path, so
 ``tests/test_layers.py::test_callbacks_install_under_the_package_name`` fails in both worktrees (at
 its first line, so it costs both the same). Each run gets an empty inductor cache directory, so tests
 that compile pay the compilation a fresh CI machine pays.

@@ -2,9 +2,9 @@
 
 Each commit is checked out into its own git worktree and ``r3l fit --config RECIPE`` runs there in a
 subprocess with a fixed torch thread count (a run is bit-repeatable only at one thread count on one
-machine). Every TensorBoard scalar except wall-clock ones is compared step by step
-(``refactor_equivalence.compare``); the JSON has the differing tags, the final validation figures of
-both runs and the per-step R³L figures.
+machine). Every TensorBoard scalar except measurements of the machine (wall clock, peak memory) is
+compared step by step (``refactor_equivalence.compare``); the JSON has the differing tags, the final
+validation figures of both runs and the per-step R³L figures.
 
 It answers "did this range of commits change what the recipe learns?" without bisecting: when the two
 ends train the same run, no commit in between did (for this recipe, on this machine).

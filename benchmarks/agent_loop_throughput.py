@@ -16,30 +16,31 @@ loop books them); ``env_calls`` counts the ``Environment.step`` calls among them
 the engine's ``generate`` calls and everything else in the loop (tokenizing observations, bookkeeping,
 environment steps); the ``other_s_per_turn_*`` figures are that remainder per turn.
 
-Threads: the default is one torch thread. With torch's default (one per core) on a 2-core machine
-shared with other processes, every tiny matmul waits on OpenMP barriers: a decoding step of this model
-took 25 ms at batch 1 and 360 ms at batch 64 with 2 threads, against 6.6 and 29 ms with 1 thread
-(random-init model, load average 5-8 on the 2 cores; the speedup at batch 64 was 4.0x with 2 threads
-and 5.2x with 1).
+Threads: the default is one torch thread. With one per core on a 2-core machine shared with other
+processes, every tiny matmul of this model waits on OpenMP barriers, which cost more than the arithmetic
+(docs/results.md has the measurement).
 
-What limits the speedup (measured on that box, one thread): at batch 1 a turn costs about 30 ms, almost
-all of it per-token overhead of ``generate`` (16 decoding steps of ~2 ms). At batch 64 that overhead is
-shared and the cost is attention and prefill. Without its prefix cache the ``hf`` engine re-encoded
-every episode's whole conversation (~600 tokens) on every turn, left-padded to the longest context of
-the batch: prefill was 87% of the batch-64 ``generate`` time and 64 episodes ran only 2.4-2.9x faster
-than one at a time. The prefix cache (``HFEngine(prefix_cache=True)``, the default) keeps each finished
-sequence's KV, so a turn prefills only its new observation (81% of prompt tokens come from the cache);
-``--no-prefix-cache`` measures the engine without it. Since the fused prefill (the engine's default on
-the CPU) the last layer attends from each row's last column only, so with the default one-layer model
-the observation's prefill does almost no attention; ``--num-layers 4`` shows a deeper model, where it
-still does (docs/engines.md has both).
+What limits the speedup: at batch 1 a turn is mostly per-token overhead of the decoding loop; at batch
+64 that overhead is shared and the cost is attention and prefill. The prefix cache
+(``HFEngine(prefix_cache=True)``, the default) keeps each finished sequence's KV, so a turn prefills only
+its new observation instead of the whole conversation; ``--no-prefix-cache`` measures the engine
+without it. The fused prefill (the engine's default on the CPU) attends from each row's last column
+only in the last layer, so with the default one-layer model the observation's prefill does almost no
+attention; ``--num-layers 4`` shows a deeper model, where it still does.
 
 Each batch size is timed ``--repeats`` times (default 3), interleaved (1, 16, 64, 1, 16, 64, ...) so that
 load from other processes falls on all of them alike; the median pass is reported.
 
-    python benchmarks/agent_loop_throughput.py --out benchmarks/results/agent_loop_throughput_cpu.json
-    python benchmarks/agent_loop_throughput.py --no-prefix-cache \
+    python -m benchmarks.agent_loop_throughput --out benchmarks/results/agent_loop_throughput_cpu.json
+    python -m benchmarks.agent_loop_throughput --no-prefix-cache \
         --out benchmarks/results/agent_loop_throughput_cpu_no_prefix_cache.json
+
+It measures the r3lightning it imports, which ``python -m`` takes from the working directory. To measure
+another checkout (e.g. a git worktree of an older commit, ``scripts.worktrees``), run it from there with
+this checkout on ``PYTHONPATH`` for the ``benchmarks`` package; the JSON's ``config.repo`` says which
+checkout ran:
+
+    cd /tmp/r3l-before && PYTHONPATH=/path/to/r3lightning python -m benchmarks.agent_loop_throughput --out ...
 """
 
 from __future__ import annotations
@@ -48,19 +49,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# ``--repo PATH`` measures another checkout of r3lightning (e.g. a git worktree of an older commit).
-_REPO = next((sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--repo"), str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, _REPO)
 
 import torch  # noqa: E402
-from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
 
+import r3lightning  # noqa: E402
+from benchmarks.machine_info import machine_info  # noqa: E402
+from benchmarks.timing import time_calls  # noqa: E402
 from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402
 from r3lightning.training.models import TinyModelSpec, build_tiny_model, build_tokenizer, count_parameters  # noqa: E402
@@ -69,31 +68,24 @@ from r3lightning.engines.base import SamplingParams  # noqa: E402
 from r3lightning.engines.hf.engine import HFEngine  # noqa: E402
 
 
-class TimedEngine:
-    """Wraps an engine; per ``generate`` call records (wall time, batch size, generated tokens, prompt
-    tokens, padded prompt tokens = batch size x longest prompt)."""
+def timed_generate(engine: HFEngine) -> list[tuple[float, int, int, int, int]]:
+    """Time ``engine.generate``; the list it returns gets, per call, (wall time, batch size, generated
+    tokens, prompt tokens, padded prompt tokens = batch size x longest prompt)."""
+    calls: list[tuple[float, int, int, int, int]] = []
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[float, int, int, int, int]] = []
-
-    @property
-    def weight_version(self) -> int:
-        return self.inner.weight_version
-
-    def generate(self, prompts, params):
-        start = time.perf_counter()
-        out = self.inner.generate(prompts, params)
+    def record(seconds, out, prompts, params) -> None:
         lengths = [len(p) for p in prompts]
-        self.calls.append((time.perf_counter() - start, len(prompts), sum(len(g.token_ids) for g in out),
-                           sum(lengths), len(lengths) * max(lengths)))
-        return out
+        calls.append((seconds, len(prompts), sum(len(g.token_ids) for g in out), sum(lengths), len(lengths) * max(lengths)))
+
+    time_calls(engine, "generate", record)
+    return calls
 
 
-def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: SamplingParams, seed: int) -> dict:
-    """Play ``tasks`` in runs of ``batch`` concurrent episodes; totals over all runs."""
-    engine.calls.clear()
-    engine.inner.stats.update(prompt_tokens=0, reused_prompt_tokens=0)
+def play(loop: AgentLoop, engine: HFEngine, calls: list, tasks, batch: int, params: SamplingParams, seed: int) -> dict:
+    """Play ``tasks`` in runs of ``batch`` concurrent episodes; totals over all runs (``calls``: the
+    engine's ``timed_generate`` list)."""
+    calls.clear()
+    engine.stats.update(prompt_tokens=0, reused_prompt_tokens=0)
     torch.manual_seed(seed)
     trajectories = []
     start = time.perf_counter()
@@ -104,20 +96,20 @@ def play(loop: AgentLoop, engine: TimedEngine, tasks, batch: int, params: Sampli
     cpu = time.process_time() - cpu_start
     turns = sum(len(t.turns) for t in trajectories)
     env_calls = sum(1 for t in trajectories for turn in t.turns if turn.action)
-    generate_s = sum(c[0] for c in engine.calls)
+    generate_s = sum(c[0] for c in calls)
     return {
         "wall_s": wall,
         "cpu_s": cpu,
         "episodes": len(trajectories),
         "turns": turns,
         "env_calls": env_calls,
-        "generated_tokens": sum(c[2] for c in engine.calls),
+        "generated_tokens": sum(c[2] for c in calls),
         "generate_s": generate_s,
-        "generate_calls": len(engine.calls),
-        "mean_generate_batch": statistics.fmean(c[1] for c in engine.calls),
-        "prompt_tokens": sum(c[3] for c in engine.calls),
-        "padded_prompt_tokens": sum(c[4] for c in engine.calls),
-        "prefix_cache_hit_rate": engine.inner.cache_hit_rate(),
+        "generate_calls": len(calls),
+        "mean_generate_batch": statistics.fmean(c[1] for c in calls),
+        "prompt_tokens": sum(c[3] for c in calls),
+        "padded_prompt_tokens": sum(c[4] for c in calls),
+        "prefix_cache_hit_rate": engine.cache_hit_rate(),
         "successes": sum(t.success for t in trajectories),
         "end_reasons": sorted({t.end_reason for t in trajectories}),
     }
@@ -171,7 +163,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes per batch size, interleaved across batch sizes so that load changes "
                              "on a shared machine hit all of them alike; the median pass is reported")
-    parser.add_argument("--repo", default=_REPO, help="r3lightning checkout to measure (default: this one)")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="re-prefill every episode's whole conversation on every turn (the engine before "
                              "its prefix cache)")
@@ -188,8 +179,9 @@ def main() -> None:
     spec = TinyModelSpec(hidden_size=args.hidden_size, num_layers=args.num_layers, num_attention_heads=2,
                          num_key_value_heads=1, intermediate_size=2 * args.hidden_size, vocab_size=args.vocab_size)
     model = build_tiny_model(spec, tokenizer, seed=args.seed).to(args.device)
-    compiled = {"decode": "fused_compiled"} if args.fused_compile else {}  # older checkouts (--repo) lack the option
-    engine = TimedEngine(HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache, **compiled))
+    compiled = {"decode": "fused_compiled"} if args.fused_compile else {}
+    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), prefix_cache=not args.no_prefix_cache, **compiled)
+    calls = timed_generate(engine)
     loop = AgentLoop(suite, engine, tokenizer, agent)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     tasks = [suite.train_task(i) for i in range(args.episodes)]
@@ -197,12 +189,12 @@ def main() -> None:
     if sft:
         print(f"warm start: {json.dumps(sft)}", flush=True)
 
-    play(loop, engine, tasks[:1], 1, params, args.seed)  # warm-up
+    play(loop, engine, calls, tasks[:1], 1, params, args.seed)  # warm-up
     figures: dict[str, float] = {}
     passes: dict[int, list[dict]] = {batch: [] for batch in args.batches}
     for _ in range(args.repeats):
         for batch in args.batches:
-            passes[batch].append(play(loop, engine, tasks, batch, params, args.seed))
+            passes[batch].append(play(loop, engine, calls, tasks, batch, params, args.seed))
     runs = {}
     for batch in args.batches:
         r = sorted(passes[batch], key=lambda p: p["wall_s"])[len(passes[batch]) // 2]
@@ -232,10 +224,10 @@ def main() -> None:
         "config": {
             "suite": {"class": "ProceduralWorldSuite", "difficulty": args.difficulty, "max_turns": suite.max_turns},
             "engine": "hf",
-            "repo": args.repo,
+            "repo": str(Path(r3lightning.__file__).resolve().parents[1]),
             "prefix_cache": not args.no_prefix_cache,
             "fused_compile": args.fused_compile,
-            **({"compile": engine.inner.compile_stats()} if args.fused_compile else {}),
+            **({"compile": engine.compile_stats()} if args.fused_compile else {}),
             "device": args.device,
             "model": {**spec.__dict__, "params": count_parameters(model)},
             "warm_start": sft,

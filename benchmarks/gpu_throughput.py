@@ -1,8 +1,8 @@
 """GPU throughput: the ``hf`` engine's decoding (eager and compiled) on the Qwen2-0.5B shape, and
-bf16-mixed training throughput with MFU on a ~100M-parameter model. Prepared for a GPU session; not run
-yet (no GPU was lent when it was written). Without CUDA it writes a JSON whose figures say "not run".
+bf16-mixed training throughput with MFU on a ~100M-parameter model, for a GPU session
+(``scripts/gpu_session.sh``). Without CUDA it writes a JSON whose figures say "not run".
 
-    OUT=/tmp/out; python benchmarks/gpu_throughput.py --out $OUT/gpu_throughput.json      # ~5 min on an H200
+    OUT=/tmp/out; python -m benchmarks.gpu_throughput --out $OUT/gpu_throughput.json      # ~5 min on an H200
 
 1. Rollout: ``HFEngine.generate`` at batch ``--batch`` (128) on a random-init Qwen2-0.5B shape (hidden 896,
    24 layers, 14 heads, 2 KV heads, MLP 4864, vocab 151936, bfloat16), 32-token prompts, 64 new tokens at
@@ -26,24 +26,21 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info  # noqa: E402
 
 BASELINE_TOKENS_PER_S = 1502.8  # hf engine, batch 128, H200, before the compiled path (rollout_throughput_gpu.json)
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 
 
 def rollout(args) -> dict:
-    from rollout_throughput import build_model, make_prompts
+    from benchmarks.rollout_throughput import build_model, make_prompts
 
     from r3lightning.training.models import build_tokenizer
     from r3lightning.engines.base import SamplingParams
@@ -109,7 +106,7 @@ def rollout(args) -> dict:
 
 def training(args) -> dict:
     import lightning as L
-    from train_throughput import fill_behaviour_logprobs, make_experience, tiny_spec
+    from benchmarks.train_throughput import fill_behaviour_logprobs, make_experience, tiny_spec
 
     from r3lightning.algos.objective import AlgorithmConfig
     from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite

@@ -1,7 +1,7 @@
 """One GRPO training step, split into its parts, for r3lightning's ``hf`` and ``vllm`` engines and TRL.
 
-    nice -n -5 python benchmarks/grpo_step.py --out benchmarks/results/grpo_step_cpu.json
-    python benchmarks/grpo_step.py --repo /tmp/r3l-before --label before ...   # an older checkout
+    nice -n -5 python -m benchmarks.grpo_step --out benchmarks/results/grpo_step_cpu.json
+    python -m benchmarks.grpo_step --repo /tmp/r3l-before --label before ...   # an older checkout
 
 The setup (the same for all three): a random-init Qwen2 built in memory (hidden 256, 4 layers, 8 query
 heads, 2 key/value heads, MLP 688, the in-memory BPE tokenizer's vocabulary), float32 on CPU; 8 prompts
@@ -10,7 +10,8 @@ x 8 samples, up to 32 new tokens at temperature 1, one micro-batch of 64, GRPO a
 PPO-clip loss (token mean, eps 0.2), no KL, AdamW lr 1e-6 (one optimizer step per rollout). Reward 1
 when the first integer of the completion is the answer.
 
-Each variant runs in its own process (``--worker``): ``hf`` and ``vllm`` train an
+Each variant runs in its own process (``--worker``, this file run with the measured checkout on
+``PYTHONPATH``): ``hf`` and ``vllm`` train an
 ``R3LightningModule`` with a Lightning ``Trainer`` (no logger, no checkpoints, no progress bar);
 ``trl`` runs TRL's ``GRPOTrainer`` (``report_to="none"``, ``logging_steps=1``) in its own virtual
 environment (``benchmarks/.venv-trl``, created on first use with ``pip install torch==2.13.0 trl``;
@@ -89,7 +90,6 @@ def task_order(n: int) -> list[int]:
 
 # ---- the model, written once for every worker -----------------------------------------------------------
 def write_model(directory: Path) -> dict:
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from r3lightning.training.models import TinyModelSpec, build_tiny_model, build_tokenizer
@@ -146,9 +146,9 @@ def flop_limits(model_info: dict) -> dict:
     train 6 x matmul params x 64 x (prompt + 32). The rate is the square-matrix one (``matmul_rate``);
     ``rollout_s_at_decode_rate`` is the rollout at the rate of its own 64-row matmuls (``decode_matmul_rate``),
     for reference."""
-    sys.path.insert(0, str(HERE))
     import torch
-    from rollout_throughput import matmul_rate
+
+    from benchmarks.rollout_throughput import matmul_rate
 
     rate = matmul_rate(torch.float32, "cpu")["flops_per_s"]
     decode_rate = decode_matmul_rate(model_info)
@@ -161,24 +161,11 @@ def flop_limits(model_info: dict) -> dict:
 
 
 # ---- r3lightning workers ---------------------------------------------------------------------------------
-def time_method(obj, name: str, timings: dict[str, float], part: str) -> None:
-    """Replace ``obj.name`` by a wrapper that adds each call's wall time to ``timings[part]``."""
-    fn = getattr(obj, name)
-
-    def wrapper(*a, **k):
-        start = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            timings[part] += time.perf_counter() - start
-
-    setattr(obj, name, wrapper)
-
-
 def r3l_worker(args) -> dict:
+    from benchmarks.timing import add_seconds, time_calls
+
     repo = Path(args.repo).resolve()
-    sys.path.insert(0, str(repo))
-    import r3lightning
+    import r3lightning  # from repo: run_worker puts it first on PYTHONPATH
 
     r3lightning.__path__.append(str(repo))  # r3lightning.callbacks -> repo/callbacks (the installed layout)
     import lightning as L
@@ -251,18 +238,18 @@ def r3l_worker(args) -> dict:
         from r3lightning.callbacks import VLLMWeightSync
 
         sync = VLLMWeightSync(check_every_n=0)
-        time_method(sync, "sync", timings, "sync")
+        time_calls(sync, "sync", add_seconds(timings, "sync"))
         callbacks.append(sync)
 
-    time_method(data, "rollout", timings, "rollout")
-    time_method(module, "optimize", timings, "train")
-    time_method(module_lib, "make_experience", timings, "experience")
+    time_calls(data, "rollout", add_seconds(timings, "rollout"))
+    time_calls(module, "optimize", add_seconds(timings, "train"))
+    time_calls(module_lib, "make_experience", add_seconds(timings, "experience"))
     steps: list[dict] = []
     marks: list[tuple[float, dict]] = []
 
     class Clock(L.Callback):
         def on_train_start(self, trainer, pl_module):
-            time_method(pl_module.engine, "generate", timings, "generate")
+            time_calls(pl_module.engine, "generate", add_seconds(timings, "generate"))
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             marks.append((time.perf_counter(), dict(timings)))
@@ -298,6 +285,8 @@ def trl_worker(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from benchmarks.timing import add_seconds, time_calls
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     timings: dict[str, float] = {p: 0.0 for p in PARTS}
@@ -325,9 +314,9 @@ def trl_worker(args) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=dataset, processing_class=tokenizer)
 
     gen_name = "_generate" if hasattr(trainer, "_generate") else "_generate_single_turn"
-    time_method(trainer, gen_name, timings, "rollout")
-    time_method(trainer, "_generate_and_score_completions", timings, "experience")  # minus rollout and reward, below
-    time_method(trainer, "training_step", timings, "train")  # minus the generation it triggers, below
+    time_calls(trainer, gen_name, add_seconds(timings, "rollout"))
+    time_calls(trainer, "_generate_and_score_completions", add_seconds(timings, "experience"))  # minus rollout and reward, below
+    time_calls(trainer, "training_step", add_seconds(timings, "train"))  # minus the generation it triggers, below
     marks: list[tuple[float, dict]] = []
 
     class Clock(TrainerCallback):
@@ -368,7 +357,8 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
                "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if engine_options:
         command += ["--engine-options", engine_options]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # The measured checkout's r3lightning first; this checkout's benchmarks package after it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((repo, str(ROOT))), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
@@ -414,8 +404,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    sys.path.insert(0, str(HERE))
-    from machine_info import machine_info
+    from benchmarks.machine_info import machine_info
 
     errors: list[str] = []
     pythons = {"hf": sys.executable, "vllm": sys.executable}

@@ -1,7 +1,7 @@
 """Rollout throughput of the ``hf`` and ``vllm`` engines, and vLLM weight-sync time vs model size.
 
-    python benchmarks/rollout_throughput.py --out benchmarks/results/rollout_throughput_cpu.json
-    python benchmarks/rollout_throughput.py --preset gpu-0.5b --out $OUT/rollout_throughput_gpu.json
+    python -m benchmarks.rollout_throughput --out benchmarks/results/rollout_throughput_cpu.json
+    python -m benchmarks.rollout_throughput --preset gpu-0.5b --out $OUT/rollout_throughput_gpu.json
 
 ``--decode-curve`` measures instead the cost of one decoding step of the ``hf`` engine against the
 batch size (1..256): ms per step, from the difference of two ``generate`` calls with 1 and 1 + ``--curve-steps``
@@ -12,7 +12,7 @@ decoding step (``fused``, the default) and with the model's forward (``forward``
 ``--curve-compile`` adds the compiled decoding path (``HFEngine(decode="generate_compiled")``) at the batch sizes
 given, with its compile time:
 
-    python benchmarks/rollout_throughput.py --decode-curve --out benchmarks/results/decode_curve_cpu.json
+    python -m benchmarks.rollout_throughput --decode-curve --out benchmarks/results/decode_curve_cpu.json
 
 Generated tokens/s (sampled at temperature 1, prompts of random token ids; best of ``--repeats``
 runs) at several batch sizes for both engines on a random-init Qwen2 model built from a config (no downloads), then the time of one
@@ -29,17 +29,15 @@ import importlib.util
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from machine_info import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
+from benchmarks.machine_info import machine_info  # noqa: E402
 
 from r3lightning.training.models import build_tokenizer  # noqa: E402
 from r3lightning.engines.base import SamplingParams  # noqa: E402

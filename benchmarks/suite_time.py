@@ -7,12 +7,12 @@ B / A per round.
 
 In a worktree the package is imported from the worktree (``PYTHONPATH``) while the editable install
 still maps ``r3lightning.callbacks`` to the main checkout; a symlink puts the worktree's own callbacks
-there instead (``worktrees.add_worktree``). That layout puts a top-level ``callbacks`` on the path, so
+there instead (``scripts.worktrees.add_worktree``). That layout puts a top-level ``callbacks`` on the path, so
 ``tests/test_layers.py::test_callbacks_install_under_the_package_name`` fails in both worktrees (at
 its first line, so it costs both the same). Each run gets an empty inductor cache directory, so tests
 that compile pay the compilation a fresh CI machine pays.
 
-    python benchmarks/suite_time.py b80d8ea HEAD --rounds 2 --out benchmarks/results/suite_time_cpu.json
+    python -m benchmarks.suite_time b80d8ea HEAD --rounds 2 --out benchmarks/results/suite_time_cpu.json
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
-from worktrees import add_worktree, remove_worktree  # noqa: E402
+from benchmarks.machine_info import machine_info
+from scripts.worktrees import add_worktree, remove_worktree
 
 TEST_COMMAND = ["-m", "pytest", "-m", "not slow and not gpu", "-q", "-p", "no:cacheprovider"]
 

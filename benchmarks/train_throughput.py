@@ -18,7 +18,7 @@ A third variant, ``ours_no_entropy``, is ours with ``log_entropy=False`` (the pe
 costs one extra softmax pass over the logits). Figures are medians over ``--repeats`` steps after
 ``--warmup`` steps.
 
-    python benchmarks/train_throughput.py --out benchmarks/results/train_throughput_cpu.json
+    python -m benchmarks.train_throughput --out benchmarks/results/train_throughput_cpu.json
 """
 
 from __future__ import annotations

@@ -346,14 +346,12 @@ def test_gpu_recipes_run_r3l_on_qwen(cli, name):
 
 
 def test_comparison_arms_parse_on_the_quickstart_as_their_presets(cli, monkeypatch):
-    """benchmarks/compare_algorithms.py: every arm parses on the recipe and is its preset as it is;
+    """experiments/compare_algorithms.py: every arm parses on the recipe and is its preset as it is;
     --arm adds a preset with overrides."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("compare_algorithms", ROOT / "benchmarks" / "compare_algorithms.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    from experiments import compare_algorithms as compare
+
     monkeypatch.chdir(ROOT)  # the arms name their presets relative to the repository root
     args = argparse.Namespace(recipe="configs/quickstart.yaml", warmup_steps=None, rl_steps=None, val_every=None, alpha=None)
     compare.recipe_defaults(args)
@@ -383,14 +381,12 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
     """compare_algorithms --reuse_results: runs of the requested methods and seeds are taken from an
     earlier JSON with the same schedule; a different schedule is refused, naming the file and setting."""
     import argparse
-    import importlib.util
     import json
 
     import pytest
 
-    spec = importlib.util.spec_from_file_location("compare_algorithms", ROOT / "benchmarks" / "compare_algorithms.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    from experiments import compare_algorithms as compare
+
     schedule = {"recipe": "configs/quickstart.yaml", "warmup_steps": 210, "rl_steps": 30, "val_every": 30,
                 "alpha": 3.0, "shared_warmstart": True}
     previous = tmp_path / "previous.json"
@@ -409,17 +405,15 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
 
 
 def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
-    """benchmarks/compare_algorithms.py end to end on a tiny recipe: the shared warm-start checkpoint
+    """experiments/compare_algorithms.py end to end on a tiny recipe: the shared warm-start checkpoint
     resumes into an arm of another method, which trains with its own algorithm (the checkpoint keeps
     its hyper-parameters; the arm runs with --resume_with config)."""
     import argparse
-    import importlib.util
 
     from harness import TINY_CLI_RUN
 
-    spec = importlib.util.spec_from_file_location("compare_algorithms", ROOT / "benchmarks" / "compare_algorithms.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    from experiments import compare_algorithms as compare
+
     monkeypatch.chdir(ROOT)
     recipe = {
         **TINY_CLI_RUN,

@@ -35,7 +35,7 @@ def test_own_task_example_trains_and_logs_the_reward_function_values(tmp_path, m
     monkeypatch.delitem(sys.modules, "my_reward", raising=False)
     # Record every value the user's function returns: the suite imports ``my_reward`` by name and gets
     # this module, whose ``reward`` is wrapped.
-    sys.path.insert(0, str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("my_reward")
     returned, user_reward = [], module.reward
 

@@ -1,5 +1,6 @@
-"""Helpers shared by the environment adapters: optional imports, command normalization, split seeds,
-finite-dataset indexing and the simulator pool (TextWorld, ScienceWorld, ALFWorld, procedural world).
+"""Helpers shared by the environment adapters: optional imports, command normalization, the task streams'
+seeds and epoch shuffles, finite-dataset indexing and the simulator pool (TextWorld, ScienceWorld,
+ALFWorld, procedural world, math sources).
 """
 
 from __future__ import annotations
@@ -53,10 +54,20 @@ def split_seed(suite_seed: int, split: str, index: int, bits: int = 30) -> int:
     return 2 * (int.from_bytes(digest[:size], "big") >> (8 * size - bits)) + (0 if split == "train" else 1)
 
 
-@lru_cache(maxsize=256)
-def epoch_permutation(seed: int, epoch: int, n: int) -> tuple[int, ...]:
+def derive_seed(*parts: Any) -> int:
+    """A 32-bit seed that is a stable function of ``parts`` (blake2b of their ``repr``; unlike ``hash``,
+    the same in every process). 32 bits because some generators hand the seed to numpy, which rejects
+    larger ones. ``split_seed`` is the other construction: every recorded task stream was drawn with one
+    of the two, so neither can change without changing the tasks a seeded run trains on."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+@lru_cache(maxsize=16)  # readers move forward through epochs: a few per suite cover a batch straddling one
+def shuffled_range(key: int | str, n: int) -> tuple[int, ...]:
+    """``range(n)`` shuffled by ``random.Random(key)``: the order of one epoch of a finite dataset."""
     order = list(range(n))
-    random.Random(f"{seed}:epoch:{epoch}").shuffle(order)
+    random.Random(key).shuffle(order)
     return tuple(order)
 
 
@@ -67,7 +78,7 @@ def finite_index(seed: int, index: int, n: int) -> int:
         raise ValueError(f"train_task index must be >= 0, got {index}")
     if n <= 0:
         raise ValueError("the training split is empty")
-    return epoch_permutation(seed, index // n, n)[index % n]
+    return shuffled_range(f"{seed}:epoch:{index // n}", n)[index % n]
 
 
 class SimulatorPool:

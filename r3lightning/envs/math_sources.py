@@ -14,10 +14,11 @@ import hashlib
 import warnings
 import json
 import random
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
+
+from r3lightning.envs.common import derive_seed, shuffled_range
 
 SCHEMES = ("arithmetic", "reasoning_gym:<generator>", "champ", "jsonl:<path>", "parquet:<path>", "hf:<name>")
 """The ``source`` strings ``MathSuite`` accepts."""
@@ -40,15 +41,6 @@ class MathItem:
     question: str
     answer: str
     solution: Optional[str] = None
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 32-bit seed that is a stable function of ``parts`` (unlike ``hash``, same in every process).
-
-    32 bits because some generators hand the seed to numpy, which rejects larger ones.
-    """
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,32 +274,17 @@ class FiniteSplit:
             raise ValueError(
                 f"{origin}: num_val_tasks={num_val} leaves no training rows out of {len(items)}"
             )
-        order = list(range(len(items)))
-        random.Random(derive_seed(seed, "holdout")).shuffle(order)
+        order = shuffled_range(derive_seed(seed, "holdout"), len(items))
         self._val = [items[i] for i in order[:num_val]]
         self._train = [items[i] for i in order[num_val:]]
         self._seed = seed
-        self._epoch_orders: dict[int, list[int]] = {}
-        self._epoch_lock = threading.Lock()
 
     def train_item(self, index: int) -> MathItem:
         epoch, position = divmod(index, len(self._train))
-        return self._train[self._epoch_order(epoch)[position]]
+        return self._train[shuffled_range(derive_seed(self._seed, "epoch", epoch), len(self._train))[position]]
 
     def val_items(self) -> list[MathItem]:
         return list(self._val)
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        with self._epoch_lock:
-            order = self._epoch_orders.get(epoch)
-            if order is None:
-                order = list(range(len(self._train)))
-                random.Random(derive_seed(self._seed, "epoch", epoch)).shuffle(order)
-                # Readers move forward through epochs; keeping two covers a batch straddling a boundary.
-                if len(self._epoch_orders) >= 2:
-                    self._epoch_orders.pop(min(self._epoch_orders))
-                self._epoch_orders[epoch] = order
-            return order
 
 
 class GeneratedSplit:

@@ -2,7 +2,7 @@
 
 Every arm runs configs/examples/reflectrl_arithmetic_cpu.yaml's schedule (stage 1: SFT warm-start;
 stage 2: RL on direct prompts, 80 steps) on the same GNT pool (``--pool``, e.g. the one
-benchmarks/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once per seed, checkpointed):
+experiments/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once per seed, checkpointed):
 
 - ``reflectrl``: SFT on GT+ answers + verified critiques of the GNTs by a *non-oracle* critic
   (``r3l reflect-sft --critic resolve``: the expert answers the question again);
@@ -25,7 +25,7 @@ direct), greedy and sampled, response lengths, and the logged teacher figures (`
 at the first stage-2 step and over stage 2, ``distill/teacher_context_rate``). Validation questions
 are never training questions (the recipe's ``val_disjoint``).
 
-    nice -n 15 python benchmarks/compare_reflectrl.py --pool runs/reflectrl_example/pool.jsonl \
+    nice -n 15 python -m experiments.compare_reflectrl --pool runs/reflectrl_example/pool.jsonl \
         --out benchmarks/results/compare_reflectrl_controls.json --seeds 0 1 --objectives grpo --threads 1
 """
 
@@ -47,10 +47,8 @@ import lightning as L
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info
 
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
 OBJECTIVES = {"grpo": [], "rloo": ["--config", str(ROOT / "configs" / "algorithms" / "rloo.yaml")]}

@@ -7,7 +7,7 @@ and outcome the suite's scripted diagnostician gives for the same actions (the f
 bring the goal closer). The JSON holds both histograms, the share of pivots k > 0, and the joint
 counts, per recipe.
 
-    python benchmarks/pivot_analysis.py --recipe configs/quickstart.yaml --ckpt WARM.ckpt --steps 5 \\
+    python -m experiments.pivot_analysis --recipe configs/quickstart.yaml --ckpt WARM.ckpt --steps 5 \\
         --out benchmarks/results/pivot_analysis_quickstart.json
 """
 
@@ -17,16 +17,13 @@ import argparse
 import collections
 import json
 import os
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import lightning as L  # noqa: E402
+import lightning as L
 
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info
 
 
 class PivotRecorder(L.Callback):
@@ -83,7 +80,7 @@ def summarize(records: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True)
-    parser.add_argument("--ckpt", required=True, help="a warm-start checkpoint of the recipe (benchmarks/compare_algorithms.py writes them)")
+    parser.add_argument("--ckpt", required=True, help="a warm-start checkpoint of the recipe (experiments/compare_algorithms.py writes them)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", required=True)
     parser.add_argument("--extra", nargs="*", default=[], help="further CLI arguments (e.g. --data.suite.init_args.max_turns 8)")

@@ -13,7 +13,7 @@ The methods: ``grpo``, ``r3l`` (the paper), ``r3l_reference`` (the reference cod
 ``reflect_grpo`` and ``critique_grpo`` (the paper's reflection baselines), and the ablations
 ``r3l_wo_reflect`` / ``r3l_wo_credit`` / ``r3l_wo_positive``.
 
-    python benchmarks/compare_algorithms.py --out benchmarks/results/compare_algorithms.json --seeds 0 1 2
+    python -m experiments.compare_algorithms --out benchmarks/results/compare_algorithms.json --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -23,16 +23,13 @@ import json
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info
 
 # Every preset is an arm; the default comparison is R³L's (paper, reference code, baselines, ablations).
 METHODS = {path.stem: ["--config", f"configs/algorithms/{path.name}"] for path in sorted((ROOT / "configs" / "algorithms").glob("*.yaml"))}

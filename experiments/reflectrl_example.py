@@ -6,7 +6,7 @@ rewritten), and records wall and CPU time per stage, the expert's accuracy, the 
 figures and the student's validation success in stage 1 (reflective, GNT in context; and direct, at
 the switch) and stage 2 (direct).
 
-    nice -n 19 python benchmarks/reflectrl_example.py --out benchmarks/results/reflectrl_example_cpu.json
+    nice -n 19 python -m experiments.reflectrl_example --out benchmarks/results/reflectrl_example_cpu.json
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info
 
 EXPERT_YAML = ROOT / "configs" / "examples" / "reflectrl_expert_arithmetic_cpu.yaml"
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"

@@ -2,7 +2,7 @@
 # One GPU session's checks, run as a single script on a machine with one CUDA device (the project's
 # tests never need one). From the repository root:
 #
-#   OUT=/tmp/out bash benchmarks/gpu_session.sh
+#   OUT=/tmp/out bash scripts/gpu_session.sh
 #
 # 1. The CUDA tests (tests/gpu: prefix-cached hf engine in fp32/bf16, an SFT -> R3L fit in fp32 and
 #    bf16-mixed) -> $OUT/gpu_tests.log
@@ -31,13 +31,13 @@ echo "== 1. CUDA tests"
 timeout 180 "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15 || status=1
 
 echo "== 2. rollout throughput"
-timeout 200 "$PY" benchmarks/rollout_throughput.py --preset gpu-0.5b --no-enforce-eager \
+timeout 200 "$PY" -m benchmarks.rollout_throughput --preset gpu-0.5b --no-enforce-eager \
   --gpu-memory-utilization 0.3 --out "$OUT/rollout_throughput_gpu.json" 2>&1 | grep -v "INFO\|WARNING\|it/s\]" | tail -n 30 || status=1
 
 echo "== 3. train throughput"
-timeout 150 "$PY" benchmarks/train_throughput.py --accelerator gpu --target-params 100000000 --hidden-size 1024 --batch-size 64 \
+timeout 150 "$PY" -m benchmarks.train_throughput --accelerator gpu --target-params 100000000 --hidden-size 1024 --batch-size 64 \
   --seq-len 512 --micro-batch-size 16 --repeats 5 --out "$OUT/train_throughput_gpu.json" 2>&1 | tail -n 25 || status=1
 
 echo "== 4. compiled decoding and bf16-mixed MFU"
-timeout 240 "$PY" benchmarks/gpu_throughput.py --out "$OUT/gpu_throughput.json" 2>&1 | tail -n 25 || status=1
+timeout 240 "$PY" -m benchmarks.gpu_throughput --out "$OUT/gpu_throughput.json" 2>&1 | tail -n 25 || status=1
 exit $status

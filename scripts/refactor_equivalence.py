@@ -7,11 +7,13 @@ The two runs:
 - ``quickstart_rl``: 20 R³L steps of ``configs/quickstart.yaml`` resumed from a saved 150-step warm-start
   checkpoint of the same recipe (reflections, retries, distillation, pivotal credit, amplification).
 
-Every scalar except wall-clock ones (``time/``, ``perf/``) is compared at every step; ``--check`` fails
-when any differs from the recorded file by more than ``--tol`` or a tag appears or disappears.
+Every scalar except measurements of the machine (``time/``, ``perf/``, ``memory/``: wall clock and the
+process's peak memory, which differ between two runs of one commit) is compared at every step, on both
+sides; ``--check`` fails when any differs from the recorded file by more than ``--tol`` or a tag appears
+or disappears.
 
-    python benchmarks/refactor_equivalence.py --record benchmarks/results/refactor_equivalence.json
-    python benchmarks/refactor_equivalence.py --check benchmarks/results/refactor_equivalence.json
+    python -m scripts.refactor_equivalence --record /tmp/equivalence.json
+    python -m scripts.refactor_equivalence --check /tmp/equivalence.json
 """
 
 from __future__ import annotations
@@ -20,17 +22,14 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
+from benchmarks.machine_info import machine_info
 
-WALL_CLOCK_PREFIXES = ("time/", "perf/")
+MACHINE_PREFIXES = ("time/", "perf/", "memory/")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
@@ -51,7 +50,7 @@ def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
         accumulator = EventAccumulator(root, size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
-            if tag.startswith(WALL_CLOCK_PREFIXES):
+            if tag.startswith(MACHINE_PREFIXES):
                 continue
             scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
     return {tag: sorted(values) for tag, values in sorted(scalars.items())}
@@ -127,13 +126,16 @@ def main() -> None:
         result = {
             "benchmark": "refactor_equivalence",
             "figures": measured,
-            "config": {"runs": args.runs, "threads": 1, "excluded_prefixes": list(WALL_CLOCK_PREFIXES)},
+            "config": {"runs": args.runs, "threads": 1, "excluded_prefixes": list(MACHINE_PREFIXES)},
             "machine": machine_info(),
         }
         Path(args.record).write_text(json.dumps(result, indent=1) + "\n")
         print(f"recorded {sum(len(v) for v in measured.values())} tags to {args.record}")
         return
-    recorded = json.loads(Path(args.check).read_text())["figures"]
+    recorded = {
+        name: {tag: values for tag, values in run.items() if not tag.startswith(MACHINE_PREFIXES)}
+        for name, run in json.loads(Path(args.check).read_text())["figures"].items()
+    }
     problems = []
     for name in args.runs:
         problems += [f"{name}: {p}" for p in compare(recorded[name], measured[name], args.tol)]

@@ -2,16 +2,16 @@
 
 Each commit is checked out into its own git worktree and ``r3l fit --config RECIPE`` runs there in a
 subprocess with a fixed torch thread count (a run is bit-repeatable only at one thread count on one
-machine). Every TensorBoard scalar except wall-clock ones is compared step by step
-(``refactor_equivalence.compare``); the JSON has the differing tags, the final validation figures of
-both runs and the per-step R³L figures.
+machine). Every TensorBoard scalar except measurements of the machine (wall clock, peak memory) is
+compared step by step (``refactor_equivalence.compare``); the JSON has the differing tags, the final
+validation figures of both runs and the per-step R³L figures.
 
 It answers "did this range of commits change what the recipe learns?" without bisecting: when the two
 ends train the same run, no commit in between did (for this recipe, on this machine).
 
-    python benchmarks/commit_equivalence.py d37f6aa HEAD --recipe configs/quickstart.yaml \
+    python -m scripts.commit_equivalence d37f6aa HEAD --recipe configs/quickstart.yaml \
         --out benchmarks/results/quickstart_code_bisect.json
-    python benchmarks/commit_equivalence.py a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
+    python -m scripts.commit_equivalence a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
         --fit-args "--trainer.max_steps 240" --out ...     # the warm-start phase only
 """
 
@@ -27,11 +27,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine_info import machine_info  # noqa: E402
-from refactor_equivalence import compare, read_scalars  # noqa: E402
-from worktrees import add_worktree, remove_worktree  # noqa: E402
+from benchmarks.machine_info import machine_info
+from scripts.refactor_equivalence import compare, read_scalars
+from scripts.worktrees import add_worktree, remove_worktree
 
 # Shown per step in the JSON: what a reader of an R³L run looks at first.
 SHOWN = (

@@ -10,9 +10,11 @@ import lightning as L
 
 
 class PauseMidStep(L.Callback):
-    """Holds step ``at_step`` open until a signal has been received (``StepCheckpoint.signal_received``)."""
+    """Holds step ``at_step`` open until a signal has been received (``StepCheckpoint.signal_received``).
+    The time limit is long on purpose: on a loaded machine the test's signal can take over a minute, and
+    a step that closed first would be saved and change what the test sees."""
 
-    def __init__(self, ready_file: str, at_step: int = 3, timeout_s: float = 60.0) -> None:
+    def __init__(self, ready_file: str, at_step: int = 3, timeout_s: float = 600.0) -> None:
         self.ready_file = ready_file
         self.at_step = at_step
         self.timeout_s = timeout_s
@@ -34,7 +36,7 @@ class HoldMidStep(L.Callback):
     """Like ``PauseMidStep``, but the step stays open after the first signal (``seen_file`` is written
     then), so a second signal arrives mid-step too."""
 
-    def __init__(self, ready_file: str, seen_file: str, at_step: int = 3, timeout_s: float = 60.0) -> None:
+    def __init__(self, ready_file: str, seen_file: str, at_step: int = 3, timeout_s: float = 600.0) -> None:
         self.ready_file, self.seen_file = ready_file, seen_file
         self.at_step = at_step
         self.timeout_s = timeout_s

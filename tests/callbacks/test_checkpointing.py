@@ -162,7 +162,10 @@ def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists(tmp_path, m
         "--trainer.callbacks+=signal_helpers.HoldMidStep", f"--trainer.callbacks.ready_file={ready}",
         f"--trainer.callbacks.seen_file={seen}",
     ]
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A suite started in the background (``cmd &``, nohup) hands its children SIGINT ignored, and the
+    # run's second Ctrl-C falls back to the handler it inherited: give the run the default, as a terminal does.
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for flag in (ready, seen):
             # Generous: a loaded 2-core machine takes over a minute to start the subprocess's Lightning.

@@ -174,17 +174,7 @@ def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists(tmp_path, m
                 time.sleep(0.05)
             assert flag.exists(), process.communicate(timeout=30)[0] if process.poll() is not None else f"no {flag.name} in time"
             process.send_signal(signal.SIGINT)
-        # ``seen`` is written as soon as the first signal is recorded, which can be before its handler is
-        # done; a second signal landing in that gap counts as the first again. Press again, as a user
-        # would, until the run stops (the held step stays open meanwhile).
-        for _ in range(300):
-            try:
-                output, _ = process.communicate(timeout=2)
-                break
-            except subprocess.TimeoutExpired:
-                process.send_signal(signal.SIGINT)
-        else:
-            raise AssertionError("the run did not stop after repeated Ctrl-C")
+        output, _ = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()

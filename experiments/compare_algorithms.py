@@ -227,38 +227,10 @@ def main() -> None:
             method, seed = futures[future]
             results[method][str(seed)] = future.result()
             print(f"seed {seed} {method}: {json.dumps(results[method][str(seed)])}", flush=True)
-    results = {m: dict(sorted(runs.items())) for m, runs in results.items()}
-    figures = {"warmstart_val_success_greedy_mean": statistics.mean(w["val/success_rate_greedy"] for w in warm.values())}
-    refused = {m: {s: run["refused"] for s, run in runs.items() if "refused" in run} for m, runs in results.items()}
-    figures["refused_runs"] = {m: r for m, r in refused.items() if r}
-    results_reported = {m: {s: run for s, run in runs.items() if "refused" not in run} for m, runs in results.items()}
-    for method, runs in results_reported.items():
-        if not runs:
-            continue
-        for kind in ("greedy", "sampled"):
-            finals = [run[f"final_{kind}"] for run in runs.values()]
-            figures[f"{method}_final_val_success_{kind}_mean"] = statistics.mean(finals)
-            figures[f"{method}_final_val_success_{kind}_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0
-            figures[f"{method}_final_val_success_{kind}_min"] = min(finals)
-            figures[f"{method}_last3_val_success_{kind}_mean"] = statistics.mean(run[f"last3_mean_{kind}"] for run in runs.values())
-        figures[f"{method}_wall_s_mean"] = statistics.mean(run["wall_s"] for run in runs.values())
-        figures[f"{method}_generated_tokens_mean"] = statistics.mean(run.get("generated_tokens", 0.0) for run in runs.values())
-        # The retry channel per seed (R³L arms): retries that beat their base, and pivots on the diagnostician's.
-        for tag in PER_SEED_FIGURES:
-            per_seed = {seed: run["rl_rollout_means"][tag] for seed, run in runs.items() if tag in run["rl_rollout_means"]}
-            if per_seed:
-                figures[f"{method}_{tag.split('/')[-1]}_per_seed"] = per_seed
-    record = {
-        "benchmark": "compare_algorithms",
-        "figures": figures,
-        "warm_start": warm,
-        "per_seed": results,
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
-        "machine": machine_info(),
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(record, handle, indent=2)
+            # Written after every run, so a comparison stopped part-way keeps its finished runs
+            # (``--reuse_results`` takes them up).
+            write_record(args, results, warm)
+    figures, results_reported = write_record(args, results, warm)
     plot(results_reported, os.path.splitext(args.out)[0] + ".png", args.warmup_steps)
     print(json.dumps(figures, indent=2))
 
@@ -291,6 +263,46 @@ def key_value_args(override: str) -> list[str]:
 SCHEDULE_KEYS = ("recipe", "warmup_steps", "rl_steps", "val_every", "alpha", "shared_warmstart", "warmstart_override")
 # Keys that results written before they existed lack, and the value those results ran with.
 SCHEDULE_DEFAULTS = {"warmstart_override": []}
+
+
+def write_record(
+    args: argparse.Namespace, results: dict[str, dict[str, dict]], warm: dict[str, dict]
+) -> tuple[dict, dict[str, dict[str, dict]]]:
+    """Write the comparison's JSON (summary figures over the runs finished so far) to ``args.out``;
+    return its summary figures and the runs it reports (not refused), by method and seed."""
+    results = {m: dict(sorted(runs.items())) for m, runs in results.items()}
+    figures = {"warmstart_val_success_greedy_mean": statistics.mean(w["val/success_rate_greedy"] for w in warm.values())}
+    refused = {m: {s: run["refused"] for s, run in runs.items() if "refused" in run} for m, runs in results.items()}
+    figures["refused_runs"] = {m: r for m, r in refused.items() if r}
+    results_reported = {m: {s: run for s, run in runs.items() if "refused" not in run} for m, runs in results.items()}
+    for method, runs in results_reported.items():
+        if not runs:
+            continue
+        for kind in ("greedy", "sampled"):
+            finals = [run[f"final_{kind}"] for run in runs.values()]
+            figures[f"{method}_final_val_success_{kind}_mean"] = statistics.mean(finals)
+            figures[f"{method}_final_val_success_{kind}_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0
+            figures[f"{method}_final_val_success_{kind}_min"] = min(finals)
+            figures[f"{method}_last3_val_success_{kind}_mean"] = statistics.mean(run[f"last3_mean_{kind}"] for run in runs.values())
+        figures[f"{method}_wall_s_mean"] = statistics.mean(run["wall_s"] for run in runs.values())
+        figures[f"{method}_generated_tokens_mean"] = statistics.mean(run.get("generated_tokens", 0.0) for run in runs.values())
+        # The retry channel per seed (R³L arms): retries that beat their base, and pivots on the diagnostician's.
+        for tag in PER_SEED_FIGURES:
+            per_seed = {seed: run["rl_rollout_means"][tag] for seed, run in runs.items() if tag in run["rl_rollout_means"]}
+            if per_seed:
+                figures[f"{method}_{tag.split('/')[-1]}_per_seed"] = per_seed
+    record = {
+        "benchmark": "compare_algorithms",
+        "figures": figures,
+        "warm_start": warm,
+        "per_seed": results,
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": machine_info(),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(record, handle, indent=2)
+    return figures, results_reported
 
 
 def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, dict]]:

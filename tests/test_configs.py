@@ -435,3 +435,24 @@ def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
     saved = yaml.safe_load((tmp_path / "rloo_seed0" / "version_0" / "config.yaml").read_text())
     assert saved["model"]["algorithm"]["advantage"] == "rloo"
     assert saved["model"]["optim"]["sft_lr"] != 0.0123
+
+
+def test_comparison_record_of_a_partial_run_is_reusable(tmp_path):
+    """compare_algorithms writes its JSON after every finished run: a comparison stopped part-way
+    leaves a record whose runs --reuse_results takes up, and whose figures cover only those runs."""
+    import argparse
+
+    from experiments import compare_algorithms as compare
+
+    args = argparse.Namespace(
+        out=str(tmp_path / "partial.json"), recipe="r.yaml", warmup_steps=2, rl_steps=3, val_every=1, alpha=None,
+        shared_warmstart=True, warmstart_override=[], methods=["grpo", "r3l"], seeds=[0, 1],
+    )
+    run = {"final_greedy": 0.25, "final_sampled": 0.5, "last3_mean_greedy": 0.2, "last3_mean_sampled": 0.4,
+           "wall_s": 10.0, "generated_tokens": 100.0, "rl_rollout_means": {"rollout/retry_improvement_rate": 0.3}}
+    figures, reported = compare.write_record(
+        args, {"grpo": {"0": run}, "r3l": {}}, {"0": {"val/success_rate_greedy": 0.1}})
+    assert figures["grpo_final_val_success_greedy_mean"] == 0.25
+    assert "r3l_final_val_success_greedy_mean" not in figures
+    assert reported == {"grpo": {"0": run}, "r3l": {}}
+    assert compare.reusable_runs(args.out, args) == {"grpo": {"0": run}, "r3l": {}}

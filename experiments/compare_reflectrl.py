@@ -15,7 +15,9 @@ experiments/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once pe
 Stage 2 (``ARMS``: stage 1, teacher-KL weight beta, the callback's ``teacher``): ``reflectrl`` (beta
 0.05, the context-distillation teacher: the stage-1 policy with a GNT of the question in its context);
 ``reflectrl_beta{0,0.01,0.2}`` (the beta sweep); ``reflectrl_anchor`` (the old teacher: the stage-1
-policy in the student's direct context); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
+policy in the student's direct context); ``reflectrl_seed_literal`` (the seed's pipeline: the
+student restarts from its weights before stage 1, M_S, and the stage-1 policy M_S^refl is its teacher
+in the direct context, so student != teacher at the switch); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
 teacher); ``gtplus_anchor`` (GT+ only with the same KL weight, anchored to its own stage-1 policy);
 ``gtplus_equal_steps`` (no teacher).
 
@@ -62,6 +64,7 @@ ARMS = {
     "reflectrl_beta0.01": ("reflectrl", 0.01, "context_distillation"),
     "reflectrl_beta0.2": ("reflectrl", 0.2, "context_distillation"),
     "reflectrl_anchor": ("reflectrl", 0.05, "anchor"),
+    "reflectrl_seed_literal": ("reflectrl", 0.05, "seed_literal"),
     "reflectrl_oracle": ("reflectrl_oracle", 0.05, "context_distillation"),
     "reflectrl_equal": ("reflectrl_equal", 0.05, "context_distillation"),
     "gtplus": ("gtplus", 0.0, "anchor"),
@@ -260,7 +263,9 @@ def main() -> None:
             steps = sft_warmup_steps(pipeline, summaries[seed], base_steps, interval)
             name = f"{pipeline}_seed{seed}"
             path = work / f"{name}.yaml"
-            config = student_config(args, sft[STAGE_ONE[pipeline]], logs, name, steps, 0.0, "anchor")
+            # Stage 1 keeps the student's first weights in its checkpoint (teacher seed_literal, beta 0: no
+            # teacher in stage 1, nothing else changes), so that the seed-literal arm can restart from them.
+            config = student_config(args, sft[STAGE_ONE[pipeline]], logs, name, steps, 0.0, "seed_literal")
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             configs[pipeline, seed] = (str(path), steps)
             checkpoints[pipeline, seed] = str(work / f"{name}_stage1.ckpt")

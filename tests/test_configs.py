@@ -456,3 +456,17 @@ def test_comparison_record_of_a_partial_run_is_reusable(tmp_path):
     assert "r3l_final_val_success_greedy_mean" not in figures
     assert reported == {"grpo": {"0": run}, "r3l": {}}
     assert compare.reusable_runs(args.out, args) == {"grpo": {"0": run}, "r3l": {}}
+
+
+def test_reflectrl_comparison_arms_name_real_stage_ones_and_teachers():
+    """experiments/compare_reflectrl.py: every stage-2 arm names a stage-1 pipeline that has an SFT file
+    and a teacher mode the callback knows; the seed-literal arm is among them."""
+    from typing import get_args
+
+    from r3lightning.callbacks.reflective_distillation import TeacherMode
+    from experiments import compare_reflectrl as compare
+
+    for arm, (pipeline, beta, teacher) in compare.ARMS.items():
+        assert compare.STAGE_ONE[pipeline] in compare.SFT_FILES, arm
+        assert teacher in get_args(TeacherMode) and beta >= 0, arm
+    assert compare.ARMS["reflectrl_seed_literal"] == ("reflectrl", 0.05, "seed_literal")

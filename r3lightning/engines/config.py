@@ -68,6 +68,10 @@ class EngineConfig:
             ``torch.compile`` of the decoding step (CUDA graphs on CUDA), batch and cache length
             bucketed to powers of two. ``auto``: ``generate_compiled`` when CUDA is available,
             ``fused`` otherwise.
+        compile_cache_dir: hf, compiled paths: where inductor keeps its compiled artefacts, so that a
+            later run with the same shapes and code loads them instead of compiling (docs/engines.md,
+            "Compilation cache"); empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
+            ``~/.cache/r3lightning/torchinductor`` (torch's own default is in /tmp, emptied by reboots).
     """
 
     backend: Literal["hf", "vllm"] = "hf"
@@ -84,6 +88,7 @@ class EngineConfig:
     hf_prefix_cache: bool = True
     hf_max_cached_tokens: int = 65536
     hf_decode: HFDecodeChoice = "auto"
+    compile_cache_dir: str = ""
 
 
 def hf_decode_path(choice: str, on_cuda: bool) -> HFDecode:
@@ -116,6 +121,7 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> Ro
             prefix_cache=config.hf_prefix_cache,
             max_cached_tokens=config.hf_max_cached_tokens,
             decode=hf_decode_path(config.hf_decode, on_cuda),
+            compile_cache_dir=config.compile_cache_dir,
         )
     if config.backend == "vllm":
         from r3lightning.engines.vllm.engine import VLLMEngine

@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from r3lightning.engines.base import Generation, SamplingParams, truncate_at_stop
+from r3lightning.engines.compile_cache import compile_cache_counts, use_compile_cache
 from r3lightning.engines.hf.compiled_step import CompiledFusedStep, StaticDecoding, column_bucket
 from r3lightning.engines.hf.fused_step import FusedDecoder, fused_decode_unsupported
 from r3lightning.engines.hf.generate_compiled import CompiledGenerate
@@ -70,6 +71,10 @@ class HFEngine:
             ``reduce-overhead`` on CUDA and ``default`` elsewhere, for ``fused_compiled`` torch's default.
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``eager``, which traces the
             same graphs in seconds without generating code).
+        compile_cache_dir: the compiled paths: where inductor keeps its compiled artefacts across
+            runs (``engines/compile_cache.py``); empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
+            ``~/.cache/r3lightning/torchinductor``. Lookups are logged as ``perf/compile_cache_hits`` and
+            ``perf/compile_cache_misses``.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class HFEngine:
         decode: HFDecode = "fused",
         compile_mode: Optional[str] = None,
         compile_backend: str = "inductor",
+        compile_cache_dir: str = "",
     ) -> None:
         if decode not in get_args(HFDecode):
             raise ValueError(f"HFEngine: decode must be one of {', '.join(get_args(HFDecode))}, got {decode!r}")
@@ -101,6 +107,9 @@ class HFEngine:
         self._compiled_step: Optional[CompiledFusedStep] = None
         self.compile_mode = compile_mode
         self.compile_backend = compile_backend
+        self.compiles = decode in ("fused_compiled", "generate_compiled")
+        if self.compiles:
+            self.compile_cache = use_compile_cache(compile_cache_dir)
         self._plain_layers: Optional[bool] = None
         self.compiled_generate = (
             CompiledGenerate(model, tokenizer, max_batch_size, compile_mode, compile_backend) if decode == "generate_compiled" else None
@@ -128,6 +137,8 @@ class HFEngine:
             figures["perf/hf_fused_compile_graphs"] = float(step.graphs if step is not None else 0)
             figures["perf/hf_fused_compile_s"] = float(sum(step.compile_s.values()) if step is not None else 0)
             figures["perf/hf_fused_compile_skipped"] = float(self.stats["fused_compile_skipped"])
+        if self.compiles:
+            figures.update(compile_cache_counts())
         return figures
 
     def compile_stats(self) -> dict:

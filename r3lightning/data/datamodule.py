@@ -102,8 +102,15 @@ class DemoConfig:
             reflection sample has an injected mistake, so at 0 the policy never learns to call an
             episode a success: R³L then retries every episode and ``train_success_judgments`` has
             nothing to train. It also changes when a tiny policy learns to act on the goal during the
-            warm-start; the difficulty-2 recipe uses 0.25 (docs/r3l.md, "Success judgments in the
+            warm-start; the difficulty-2 recipe keeps 0, measured (docs/r3l.md, "Success judgments in the
             warm-start").
+        alternative_guidance_share: with ``reflections``, the share of guided-retry samples whose
+            guidance names a random other admissible action at the pivot instead of the expert's, the
+            retry taking it and the expert continuing after it. The expert's own suggestion names the
+            action the observation already implies, so the policy can fit every retry sample without
+            reading the guidance, and then ignores it (with the diagnostician's guidance, the d2
+            warm-start's policy took the suggested action in 17-19% of retries; docs/r3l.md, "The
+            oracle arm"). 0 keeps the expert's suggestion everywhere.
     """
 
     source: str = "suite"
@@ -111,10 +118,12 @@ class DemoConfig:
     tasks_per_step: int = 0
     reflection_tasks_per_step: int = 0
     success_reflection_share: float = 0.0
+    alternative_guidance_share: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.success_reflection_share <= 1.0:
-            raise ValueError(f"data.demos.success_reflection_share must be in [0, 1], got {self.success_reflection_share}")
+        for name in ("success_reflection_share", "alternative_guidance_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"data.demos.{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -421,7 +430,9 @@ class RolloutDataModule(L.LightningDataModule):
             rng = random.Random(self.rollout_seed(batch.step))
             n = self.demos.reflection_tasks_per_step
             chosen = tasks[:n] if n > 0 else tasks
-            demos += scripted_reflection_samples(loop, self.reflector, chosen, rng, self.demos.success_reflection_share)
+            demos += scripted_reflection_samples(
+                loop, self.reflector, chosen, rng, self.demos.success_reflection_share, self.demos.alternative_guidance_share
+            )
         return demos
 
     def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:

@@ -44,7 +44,8 @@ def reflection_corpus(suite, reflector: Reflector, num_tasks: int = 64, step_tim
 
 
 def scripted_reflection_samples(
-    loop: AgentLoop, reflector: Reflector, tasks: list[Task], rng: random.Random, success_share: float = 0.0
+    loop: AgentLoop, reflector: Reflector, tasks: list[Task], rng: random.Random, success_share: float = 0.0,
+    alternative_share: float = 0.0,
 ) -> list[Trajectory]:
     """Warm-start SFT data from a suite's scripted diagnostician (procedural worlds have one).
 
@@ -55,6 +56,12 @@ def scripted_reflection_samples(
     the pivot under the guidance (retry sample). With probability ``success_share`` a task is played
     by the expert plan as it is instead: its reflection judges ``success`` and has no retry. Without
     such samples the policy never learns to judge an episode ``success``.
+
+    With probability ``alternative_share`` a retry sample's guidance names another admissible action
+    at the pivot instead of the expert's (``_alternative_guidance``), and the retry takes it before the
+    expert continues. The diagnostician's guidance names the action the observation already implies, so
+    a policy can fit those retries without reading the guidance, and then ignores it in RL (docs/r3l.md,
+    "The oracle arm"); an alternative can only be predicted from the guidance.
     """
     suite = loop.suite
     samples: list[Trajectory] = []
@@ -90,6 +97,11 @@ def scripted_reflection_samples(
         samples.append(Trajectory(task.task_id, [Turn(context_ids=prompt, response_ids=answer)], 1.0, True, origin="reflect_sft"))
         continuation = suite.expert_continuation(task, traj.actions[:k])
         if diagnosis["trajectory_outcome"] != "success" and continuation:
+            # Drawn only when asked for, so that runs without the option keep their random stream.
+            if alternative_share > 0 and rng.random() < alternative_share:
+                alternative = _alternative_guidance(loop, task, traj.actions[:k], diagnosis, continuation[0], rng)
+                if alternative is not None:
+                    diagnosis, continuation = alternative
             retry_requests.append(EpisodeRequest(task=task, prefix=traj.turns[:k], guidance=reflector.guidance(diagnosis)))
             retry_actions.append(continuation)
     if not retry_requests:
@@ -100,6 +112,31 @@ def scripted_reflection_samples(
         turns = [dataclasses.replace(t, trainable=False) for t in traj.turns[:k]] + list(traj.turns[k:])
         samples.append(dataclasses.replace(traj, turns=turns, origin="retry_sft", info={}))
     return samples
+
+
+def _alternative_guidance(
+    loop: AgentLoop, task: Task, prefix: list[str], diagnosis: dict, expert_action: str, rng: random.Random
+) -> Optional[tuple[dict, list[str]]]:
+    """(the diagnosis with its suggestion naming a random other admissible action after ``prefix`` in
+    place of ``expert_action``, that action followed by the expert's continuation from it), or None
+    when the suggestion does not quote ``expert_action``, no other action is admissible, or the
+    expert cannot finish from it within the turn budget."""
+    quoted = f"'{expert_action}'"
+    if quoted not in diagnosis["improvement_suggestion"]:
+        return None
+    try:
+        _, admissible, _ = _replayed(loop.env_calls, task, prefix)
+    except EnvCallError:
+        return None
+    choices = [a for a in admissible if a != expert_action]
+    if not choices:
+        return None
+    action = rng.choice(choices)
+    rest = loop.suite.expert_continuation(task, prefix + [action])
+    if not rest or len(prefix) + 1 + len(rest) > loop.suite.max_turns:
+        return None
+    suggestion = diagnosis["improvement_suggestion"].replace(quoted, f"'{action}'", 1)
+    return {**diagnosis, "improvement_suggestion": suggestion}, [action, *rest]
 
 
 def _replayed(calls: SuiteCalls, task: Task, prefix: list[str]):

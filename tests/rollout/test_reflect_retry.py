@@ -446,3 +446,38 @@ def test_pivot_agreement_and_the_clamped_diagnosis_on_hand_built_episodes(world_
     ]
     figures = pivot_agreement(world_suite, [task] * len(cases), [t for t, _ in cases], [p for _, p in cases])
     assert figures == {"rollout/pivot_accuracy": 2 / 3, "rollout/pivot_offset": 2 / 3}
+
+
+def test_alternative_guidance_names_another_action_that_the_retry_takes(world_suite, world_tokenizer):
+    """alternative_share: a retry sample's guidance names another admissible action at the pivot in
+    place of the expert's, and the retry takes exactly that action there, then the expert finishes
+    (so the guidance, not the observation, predicts the guided turn). At 0 the samples and the random
+    stream are those of a run without the option."""
+    import random
+    import re
+
+    from r3lightning.rollout.warmstart import scripted_reflection_samples
+
+    loop = AgentLoop(world_suite, ScriptedEngine(world_tokenizer, lambda _: "look"), world_tokenizer)
+    tasks = [world_suite.train_task(i) for i in range(24)]
+    reflector = ReflectRetryExplorer().reflector
+    plain = scripted_reflection_samples(loop, reflector, tasks, random.Random(0))
+    assert [s.token_ids() for s in plain] == [
+        s.token_ids() for s in scripted_reflection_samples(loop, reflector, tasks, random.Random(0), alternative_share=0.0)
+    ]
+
+    def guided(samples):
+        out = []
+        for s in samples:
+            if s.origin != "retry_sft":
+                continue
+            k = next(i for i, t in enumerate(s.turns) if t.trainable)
+            context = world_tokenizer.decode(s.turns[k].context_ids)
+            out.append((re.findall(r"Suggestion: [^']*'([^']+)'", context)[0], s.turns[k].action, s.success))
+        return out
+
+    expert = guided(plain)
+    assert expert and all(suggested == taken for suggested, taken, _ in expert)
+    alternative = guided(scripted_reflection_samples(loop, reflector, tasks, random.Random(0), alternative_share=1.0))
+    assert alternative and all(suggested == taken and success for suggested, taken, success in alternative)
+    assert sum(a[0] != e[0] for a, e in zip(alternative, expert)) >= len(alternative) // 2

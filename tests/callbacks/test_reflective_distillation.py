@@ -277,3 +277,27 @@ def test_a_stage_one_checkpoint_starts_stage_two_with_the_configured_beta(files,
         other_module, other_dm = make(files, sft_steps=1)
         fit(other_module, other_dm, 3, [ReflectiveToDirectDistillation(switch_step=2)], ckpt_path=checkpoint,
             default_root_dir=str(tmp_path))
+
+
+def test_a_seed_literal_stage_one_without_teacher_starts_a_seed_literal_stage_two(files, tmp_path):
+    """experiments/compare_reflectrl.py's flow: stage 1 with teacher seed_literal and beta 0 (no teacher,
+    nothing else changes) keeps the student's first weights in its checkpoint; an arm resumed from it
+    with beta > 0 restarts the student from them at the switch, the stage-1 policy as its teacher."""
+    module, dm = make(files, sft_steps=1)
+    probe = Probe()
+    trainer = fit(module, dm, 1, [ReflectiveToDirectDistillation(beta=0.0, teacher="seed_literal"), probe],
+                  default_root_dir=str(tmp_path))
+    checkpoint = str(tmp_path / "stage1.ckpt")
+    trainer.save_checkpoint(checkpoint)
+    stage_one = weights(module.policy)
+    assert any(not torch.equal(stage_one[k], v) for k, v in probe.start.items())
+    resumed_module, resumed_dm = make(files, sft_steps=1)
+    resumed_probe = Probe()
+    fit(resumed_module, resumed_dm, 2, [ReflectiveToDirectDistillation(beta=0.5, teacher="seed_literal"), resumed_probe],
+        ckpt_path=checkpoint, default_root_dir=str(tmp_path))
+    [(step, teacher_at_switch, policy_at_switch)] = resumed_probe.teachers.values()
+    assert step == 1
+    for name, value in teacher_at_switch.items():
+        assert torch.equal(value, stage_one[name]), name
+    for name, value in policy_at_switch.items():
+        assert torch.equal(value, probe.start[name]), name

@@ -83,11 +83,14 @@ def retry_record(step: int, task, base, retry) -> dict:
     actions = [normalize_command(a) for a in retry.actions]
     world = world_of(task)
     state, on_path = world.start, True
+    at_pivot = state if pivot == 0 else None  # the state the guidance was given in
     for index, action in enumerate(actions):
         outcome = apply_action(world, state, action)
         if index >= pivot and len(shortest_plan(world, outcome.state)) != len(shortest_plan(world, state)) - 1:
             on_path = False
         state = outcome.state
+        if index + 1 == pivot:
+            at_pivot = state
         if goal_reached(world, state):
             break
     return {
@@ -101,18 +104,8 @@ def retry_record(step: int, task, base, retry) -> dict:
         "retry_success": retry.success,
         "base_turns": len(base.turns),
         "retry_turns": len(retry.turns),
-        "remaining_plan": len(shortest_plan(world, apply_actions(world, actions[:pivot]))),
+        "remaining_plan": len(shortest_plan(world, at_pivot if at_pivot is not None else state)),
     }
-
-
-def apply_actions(world, actions: list[str]):
-    """The world's state after ``actions`` from its start."""
-    from r3lightning.envs.textworld_procedural import apply_action
-
-    state = world.start
-    for action in actions:
-        state = apply_action(world, state, action).state
-    return state
 
 
 def summarize_retries(retries: list[dict]) -> dict:

@@ -109,7 +109,7 @@ class HFEngine:
         self.compile_backend = compile_backend
         self.compiles = decode in ("fused_compiled", "generate_compiled")
         if self.compiles:
-            self.compile_cache = use_compile_cache(compile_cache_dir)
+            use_compile_cache(compile_cache_dir)
         self._plain_layers: Optional[bool] = None
         self.compiled_generate = (
             CompiledGenerate(model, tokenizer, max_batch_size, compile_mode, compile_backend) if decode == "generate_compiled" else None

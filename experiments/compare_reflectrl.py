@@ -108,7 +108,8 @@ def student_config(args: argparse.Namespace, sft: Path, logs: Path, name: str, s
     config["data"]["demos"]["source"] = str(sft)
     [callback] = config["trainer"]["callbacks"]
     callback["init_args"].update(beta=beta, teacher=teacher)
-    config["trainer"]["callbacks"].append({"class_path": "compare_reflectrl.DistillTrace"})
+    # Importable from the repository root, where the comparison runs (``python -m experiments.compare_reflectrl``).
+    config["trainer"]["callbacks"].append({"class_path": "experiments.compare_reflectrl.DistillTrace"})
     return config
 
 

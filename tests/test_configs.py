@@ -470,3 +470,23 @@ def test_reflectrl_comparison_arms_name_real_stage_ones_and_teachers():
         assert compare.STAGE_ONE[pipeline] in compare.SFT_FILES, arm
         assert teacher in get_args(TeacherMode) and beta >= 0, arm
     assert compare.ARMS["reflectrl_seed_literal"] == ("reflectrl", 0.05, "seed_literal")
+
+
+def test_reflectrl_comparison_config_parses_with_its_trace_callback(tmp_path):
+    """experiments/compare_reflectrl.py: the stage config it writes parses with ``r3l fit``, its
+    DistillTrace callback included (its class path must import from the repository root, where the
+    comparison runs as ``python -m experiments.compare_reflectrl``)."""
+    import argparse
+
+    import yaml
+
+    from experiments import compare_reflectrl as compare
+    from r3lightning.cli.main import R3LightningCLI
+
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("")
+    config = compare.student_config(argparse.Namespace(pool=str(pool)), tmp_path / "sft.jsonl", tmp_path, "arm", 4, 0.05, "context_distillation")
+    path = tmp_path / "arm.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cli = R3LightningCLI(args=["--config", str(path)], run=False)
+    assert any(type(cb).__name__ == "DistillTrace" for cb in cli.trainer.callbacks)

@@ -14,6 +14,7 @@ objective reads from the data side) and ``evaluate`` (validation episodes).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import random
@@ -110,7 +111,11 @@ class DemoConfig:
             action the observation already implies, so the policy can fit every retry sample without
             reading the guidance, and then ignores it (with the diagnostician's guidance, the d2
             warm-start's policy took the suggested action in 17-19% of retries; docs/r3l.md, "The
-            oracle arm"). 0 keeps the expert's suggestion everywhere.
+            oracle arm"). Measured at difficulty 2 over 3 warm-start seeds: a named alternative is
+            taken 4.9% of the time at 0 and 21.1% at 0.5 (docs/r3l.md, "The guidance probe"). Logged
+            per warm-start step: ``warmstart/alternative_guidance_samples`` and, for draws that fell
+            back to the expert's suggestion, ``warmstart/alternative_guidance_unavailable``. 0 keeps
+            the expert's suggestion everywhere.
     """
 
     source: str = "suite"
@@ -357,10 +362,14 @@ class RolloutDataModule(L.LightningDataModule):
         if phase == "sft":
             loop = self.connected_loop if self.demos.source == "suite" else None
             failures = loop.env_calls.failures if loop is not None else 0
-            demos = self.demonstrations(batch)
+            counts: collections.Counter = collections.Counter()
+            demos = self.demonstrations(batch, counts)
             # Scripted retry samples whose prefix the environment could not replay are dropped, and counted.
             kept = [d for d in demos if d.end_reason != "replay_failed"]
             metrics = {"warmstart/replay_failures": float(len(demos) - len(kept))}
+            if self.demos.alternative_guidance_share > 0:
+                metrics["warmstart/alternative_guidance_samples"] = float(counts["alternative_guidance"])
+                metrics["warmstart/alternative_guidance_unavailable"] = float(counts["alternative_unavailable"])
             if loop is not None:
                 metrics["warmstart/env_call_errors"] = float(loop.env_calls.failures - failures)
             return self.scored(Exploration(groups=[], sft=kept, metrics=metrics))
@@ -402,10 +411,11 @@ class RolloutDataModule(L.LightningDataModule):
             return self.connected_loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(samples)], params)
 
     # ---- demonstrations (SFT warm-start) ------------------------------------------------------
-    def demonstrations(self, batch: TaskBatch) -> list[Trajectory]:
-        """Demonstration trajectories (origin ``demo``) for the SFT warm-start phase."""
+    def demonstrations(self, batch: TaskBatch, counts: Optional[collections.Counter] = None) -> list[Trajectory]:
+        """Demonstration trajectories (origin ``demo``) for the SFT warm-start phase; ``counts`` gets the
+        scripted reflection data's alternative-guidance tallies (``scripted_reflection_samples``)."""
         if self.demos.source == "suite":
-            return self._suite_demonstrations(batch, self.connected_loop)
+            return self._suite_demonstrations(batch, self.connected_loop, counts)
         return self._file_demonstrations(batch, self.tokenizer)
 
     def _demo_tasks(self, batch: TaskBatch) -> list[Task]:
@@ -416,7 +426,7 @@ class RolloutDataModule(L.LightningDataModule):
         first = (batch.step * world + rank) * n
         return [self.suite.train_task(first + j) for j in range(n)]
 
-    def _suite_demonstrations(self, batch: TaskBatch, loop: AgentLoop) -> list[Trajectory]:
+    def _suite_demonstrations(self, batch: TaskBatch, loop: AgentLoop, counts: Optional[collections.Counter] = None) -> list[Trajectory]:
         tasks = self._demo_tasks(batch)
         actions = [self.suite.demonstration(task) for task in tasks]
         missing = [t.task_id for t, a in zip(tasks, actions) if not a]
@@ -431,7 +441,7 @@ class RolloutDataModule(L.LightningDataModule):
             n = self.demos.reflection_tasks_per_step
             chosen = tasks[:n] if n > 0 else tasks
             demos += scripted_reflection_samples(
-                loop, self.reflector, chosen, rng, self.demos.success_reflection_share, self.demos.alternative_guidance_share
+                loop, self.reflector, chosen, rng, self.demos.success_reflection_share, self.demos.alternative_guidance_share, counts
             )
         return demos
 

@@ -7,6 +7,7 @@ its guidance (retry samples). The same material seeds the in-memory tokenizer's 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import random
@@ -45,7 +46,7 @@ def reflection_corpus(suite, reflector: Reflector, num_tasks: int = 64, step_tim
 
 def scripted_reflection_samples(
     loop: AgentLoop, reflector: Reflector, tasks: list[Task], rng: random.Random, success_share: float = 0.0,
-    alternative_share: float = 0.0,
+    alternative_share: float = 0.0, counts: Optional[collections.Counter] = None,
 ) -> list[Trajectory]:
     """Warm-start SFT data from a suite's scripted diagnostician (procedural worlds have one).
 
@@ -61,7 +62,10 @@ def scripted_reflection_samples(
     at the pivot instead of the expert's (``_alternative_guidance``), and the retry takes it before the
     expert continues. The diagnostician's guidance names the action the observation already implies, so
     a policy can fit those retries without reading the guidance, and then ignores it in RL (docs/r3l.md,
-    "The oracle arm"); an alternative can only be predicted from the guidance.
+    "The oracle arm"); an alternative can only be predicted from the guidance. ``counts`` (when given)
+    gets ``alternative_guidance`` for every such sample and ``alternative_unavailable`` for every draw
+    that fell back to the expert's guidance (no other admissible action, or none the expert can finish
+    from within the turn budget).
     """
     suite = loop.suite
     samples: list[Trajectory] = []
@@ -102,6 +106,8 @@ def scripted_reflection_samples(
                 alternative = _alternative_guidance(loop, task, traj.actions[:k], diagnosis, continuation[0], rng)
                 if alternative is not None:
                     diagnosis, continuation = alternative
+                if counts is not None:
+                    counts["alternative_unavailable" if alternative is None else "alternative_guidance"] += 1
             retry_requests.append(EpisodeRequest(task=task, prefix=traj.turns[:k], guidance=reflector.guidance(diagnosis)))
             retry_actions.append(continuation)
     if not retry_requests:

@@ -146,3 +146,29 @@ def test_validation_answers_get_the_training_token_budget_unless_set():
     assert (data.val_sampling.max_new_tokens, data.val_sampling.temperature, data.val_sampling.stop) == (300, 1.0, ["\n\n"])
     own = RolloutDataModule(suite, sampling=SamplingParams(max_new_tokens=300), val_sampling=SamplingParams(max_new_tokens=20))
     assert own.val_sampling.max_new_tokens == 20
+
+
+def test_warmstart_step_logs_its_alternative_guidance_draws_only_when_the_option_is_on():
+    """``demos.alternative_guidance_share``: each warm-start step logs how many retry samples got an
+    alternative's guidance and how many draws fell back to the expert's (every draw is one or the other)."""
+    from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
+    from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
+    from r3lightning.training.models import build_tiny_model, build_tokenizer
+    from r3lightning.engines.hf.engine import HFEngine
+    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
+
+    def warmstart_metrics(share: float) -> dict:
+        suite = ProceduralWorldSuite(difficulty=2, max_turns=6, num_val_tasks=2, goal_reminder=True)
+        demos = DemoConfig(reflections=True, tasks_per_step=2, reflection_tasks_per_step=8, alternative_guidance_share=share)
+        dm = RolloutDataModule(suite, explorer=ReflectRetryExplorer(), tasks_per_step=2, demos=demos)
+        tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=TINY_SPEC.vocab_size)
+        dm.connect(HFEngine(build_tiny_model(TINY_SPEC, tokenizer), tokenizer), tokenizer, AlgorithmConfig())
+        step = dm.rollout(TaskBatch(step=0, tasks=[suite.train_task(i) for i in range(8)]), "sft")
+        retries = sum(t.origin == "retry_sft" for t in step.exploration.sft)
+        return step.exploration.metrics, retries
+
+    off, _ = warmstart_metrics(0.0)
+    assert "warmstart/alternative_guidance_samples" not in off
+    on, retries = warmstart_metrics(1.0)
+    assert on["warmstart/alternative_guidance_samples"] > 0
+    assert on["warmstart/alternative_guidance_samples"] + on["warmstart/alternative_guidance_unavailable"] == retries

@@ -453,6 +453,7 @@ def test_alternative_guidance_names_another_action_that_the_retry_takes(world_su
     place of the expert's, and the retry takes exactly that action there, then the expert finishes
     (so the guidance, not the observation, predicts the guided turn). At 0 the samples and the random
     stream are those of a run without the option."""
+    import collections
     import random
     import re
 
@@ -478,6 +479,11 @@ def test_alternative_guidance_names_another_action_that_the_retry_takes(world_su
 
     expert = guided(plain)
     assert expert and all(suggested == taken for suggested, taken, _ in expert)
-    alternative = guided(scripted_reflection_samples(loop, reflector, tasks, random.Random(0), alternative_share=1.0))
+    counts = collections.Counter()
+    alternative = guided(scripted_reflection_samples(loop, reflector, tasks, random.Random(0), alternative_share=1.0, counts=counts))
     assert alternative and all(suggested == taken and success for suggested, taken, success in alternative)
-    assert sum(a[0] != e[0] for a, e in zip(alternative, expert)) >= len(alternative) // 2
+    renamed = sum(a[0] != e[0] for a, e in zip(alternative, expert))
+    assert renamed >= len(alternative) // 2
+    # Every draw is counted: an alternative (the guidance names another action) or a fallback to the expert's.
+    assert counts["alternative_guidance"] == renamed
+    assert counts["alternative_guidance"] + counts["alternative_unavailable"] == len(alternative)

@@ -48,10 +48,13 @@ def probe_requests(suite, loop, reflector, tasks, rng: random.Random) -> tuple[l
     from r3lightning.rollout.agent_loop import EpisodeRequest
 
     requests, probes, skipped = [], [], 0
-    for task in tasks:
-        plan = list(suite.demonstration(task) or [])
+    plans = {task.task_id: list(suite.demonstration(task) or []) for task in tasks}
+    tasks = [task for task in tasks if plans[task.task_id]]
+    # Every expert plan played once, in one batch: its turns are the prefixes of that task's probes.
+    played = loop.play_actions([EpisodeRequest(task=task) for task in tasks], [plans[t.task_id] for t in tasks], allow_unfinished=True)
+    for task, episode in zip(tasks, played):
+        plan = plans[task.task_id]
         world = world_of(task)
-        played = loop.play_actions([EpisodeRequest(task=task)], [plan], allow_unfinished=True)[0] if plan else None
         for k, expert in enumerate(plan):
             admissible = admissible_actions(world, replay(world, plan[:k]))
             others = [a for a in admissible if a != expert]
@@ -66,7 +69,7 @@ def probe_requests(suite, loop, reflector, tasks, rng: random.Random) -> tuple[l
                 continue
             alternative = rng.choice([a for a in others if a != mistake])
             swapped = {**diagnosis, "improvement_suggestion": diagnosis["improvement_suggestion"].replace(quoted, f"'{alternative}'", 1)}
-            prefix = played.turns[:k]
+            prefix = episode.turns[:k]
             requests += [
                 EpisodeRequest(task=task, prefix=prefix, guidance=reflector.guidance(diagnosis)),
                 EpisodeRequest(task=task, prefix=prefix, guidance=reflector.guidance(swapped)),
@@ -153,13 +156,14 @@ def run_one(recipe: str, arm: str, overrides: list[str], seed: int, work: Path, 
 
 def parse_arm(spec: str) -> tuple[str, list[str]]:
     """``NAME=KEY=VALUE,KEY=VALUE`` (or ``NAME=`` for the recipe as it is) -> (name, CLI arguments)."""
+    from experiments.compare_algorithms import key_value_args
+
     name, _, rest = spec.partition("=")
     args: list[str] = []
     for pair in filter(None, rest.split(",")):
-        key, sep, value = pair.partition("=")
-        if not sep:
+        if "=" not in pair:
             raise ValueError(f"--arm {spec!r}: {pair!r} is not KEY=VALUE")
-        args += [f"--{key}", value]
+        args += key_value_args(pair)
     return name, args
 
 

@@ -73,7 +73,7 @@ class PivotRecorder(L.Callback):
 
 def retry_record(step: int, task, base, retry) -> dict:
     """What the retry of ``base`` did at its pivot against the suggestion of ``base``'s reflection."""
-    from r3lightning.envs.textworld_procedural import apply_action, goal_reached, normalize_command, shortest_plan, world_of
+    from r3lightning.envs.textworld_procedural import apply_action, goal_reached, normalize_command, replay, shortest_plan, world_of
     from r3lightning.rollout.explorers.reflection import parse_reflection
 
     reflection, _ = parse_reflection(base.info["reflection"], len(base.turns))
@@ -83,14 +83,11 @@ def retry_record(step: int, task, base, retry) -> dict:
     actions = [normalize_command(a) for a in retry.actions]
     world = world_of(task)
     state, on_path = world.start, True
-    at_pivot = state if pivot == 0 else None  # the state the guidance was given in
     for index, action in enumerate(actions):
         outcome = apply_action(world, state, action)
         if index >= pivot and len(shortest_plan(world, outcome.state)) != len(shortest_plan(world, state)) - 1:
             on_path = False
         state = outcome.state
-        if index + 1 == pivot:
-            at_pivot = state
         if goal_reached(world, state):
             break
     return {
@@ -104,7 +101,8 @@ def retry_record(step: int, task, base, retry) -> dict:
         "retry_success": retry.success,
         "base_turns": len(base.turns),
         "retry_turns": len(retry.turns),
-        "remaining_plan": len(shortest_plan(world, at_pivot if at_pivot is not None else state)),
+        # From the state the guidance was given in.
+        "remaining_plan": len(shortest_plan(world, replay(world, actions[:pivot]))),
     }
 
 

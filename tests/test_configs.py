@@ -490,3 +490,18 @@ def test_reflectrl_comparison_config_parses_with_its_trace_callback(tmp_path):
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     cli = R3LightningCLI(args=["--config", str(path)], run=False)
     assert any(type(cb).__name__ == "DistillTrace" for cb in cli.trainer.callbacks)
+
+
+def test_gpu_session_override_keeps_the_recipes_method(cli):
+    """benchmarks/recipe_gpu_override.yaml (the GPU session's 20-step recipe run) parses on the R³L
+    math recipe and changes only size, engine and callbacks: the method, explorer, suite and precision
+    are the recipe's."""
+    recipe = CONFIGS / "recipes" / "r3l_math_qwen2.5-1.5b.yaml"
+    base = cli.parser.parse_args(["fit", "--config", str(recipe)]).fit
+    cfg = cli.parser.parse_args(["fit", "--config", str(recipe), "--config", str(ROOT / "benchmarks" / "recipe_gpu_override.yaml")]).fit
+    assert cfg.model.algorithm == base.model.algorithm
+    assert (cfg.data.explorer.class_path, cfg.data.suite) == (base.data.explorer.class_path, base.data.suite)
+    assert cfg.data.explorer.init_args.retry and cfg.data.explorer.init_args.meta_tasks
+    assert (cfg.trainer.accelerator, str(cfg.trainer.precision), cfg.trainer.max_steps) == ("gpu", "bf16-mixed", 20)
+    assert (cfg.model.model.name_or_path, cfg.model.engine.backend, cfg.model.engine.hf_decode) == ("", "hf", "fused")
+    assert cfg.trainer.callbacks == []

@@ -62,7 +62,7 @@ def _module_and_data():
         tasks_per_step=2,
         val_tasks_per_batch=4,
         sampling=SamplingParams(max_new_tokens=12),
-        agent=AgentLoopConfig(action_format="tag", max_context_tokens=384),
+        agent=AgentLoopConfig(action_format="tag", max_context_tokens=512),
         explorer=ReflectRetryExplorer(max_reflection_tokens=48),
         demos=DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=2),
     )

@@ -72,24 +72,29 @@ class CompiledGenerate:
         config = CompileConfig(fullgraph=False, dynamic=False, backend=self.backend, mode=self.mode())
         config._compile_all_devices = True  # transformers compiles on CUDA only unless this is set
         start = time.perf_counter()
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past,
-            do_sample=not params.greedy,
-            temperature=params.temperature if not params.greedy else None,
-            top_p=params.top_p if not params.greedy else None,
-            top_k=None,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=sorted(stop_token_ids),
-            pad_token_id=self.tokenizer.pad_token_id,
-            stop_strings=params.stop or None,
-            tokenizer=self.tokenizer if params.stop else None,
-            return_dict_in_generate=True,
-            output_logits=True,
-            compile_config=config,
-            disable_compile=False,
-        )
+        # Without autocast: under it (bf16-mixed training) a Qwen2 layer's keys come out float32 (the rotary
+        # embedding's float32 tables) and its values bfloat16, and a StaticCache holds one dtype
+        # (transformers raises in index_copy_). So this path decodes in the parameters' dtype.
+        device_type = input_ids.device.type
+        with torch.autocast(device_type, enabled=False):
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=past,
+                do_sample=not params.greedy,
+                temperature=params.temperature if not params.greedy else None,
+                top_p=params.top_p if not params.greedy else None,
+                top_k=None,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=sorted(stop_token_ids),
+                pad_token_id=self.tokenizer.pad_token_id,
+                stop_strings=params.stop or None,
+                tokenizer=self.tokenizer if params.stop else None,
+                return_dict_in_generate=True,
+                output_logits=True,
+                compile_config=config,
+                disable_compile=False,
+            )
         if bucket not in self.first_call_s:
             self.first_call_s[bucket] = time.perf_counter() - start
         new_tokens = out.sequences[:, input_ids.shape[1] :]

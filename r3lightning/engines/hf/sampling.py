@@ -7,6 +7,15 @@ from typing import Optional
 
 import torch
 
+# inductor (torch 2.11, CUDA) fails to generate code for a cumsum over a large vocabulary (its split
+# scan; seen on an H200 with 151,936 entries), so inside a compiled CUDA step the cumsums run eagerly
+# behind a graph break. On the CPU inductor compiles them.
+_eager_cumsum = torch.compiler.disable(torch.cumsum)
+
+
+def _cumsum(x: torch.Tensor) -> torch.Tensor:
+    return _eager_cumsum(x, dim=-1) if x.is_cuda and torch.compiler.is_compiling() else x.cumsum(dim=-1)
+
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0, draw: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One token per row [B] drawn from softmax(logits / temperature) [B, V], restricted to the top-p
@@ -21,9 +30,9 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0, 
     probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        mass_before = _cumsum(sorted_probs) - sorted_probs
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs.masked_fill(mass_before >= top_p, 0.0))
-    cumulative = probs.cumsum(dim=-1)
+    cumulative = _cumsum(probs)
     if draw is None:
         draw = torch.rand((logits.shape[0], 1), device=logits.device)
     return torch.searchsorted(cumulative, draw * cumulative[:, -1:], right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)

@@ -26,6 +26,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +219,7 @@ def main() -> None:
         else:
             checkpoints[seed], warm[str(seed)] = warm_start(seed, args, log_dir)
     for path in args.reuse_results:
-        for method, runs in reusable_runs(path, args).items():
+        for method, runs in reusable_runs(path, args, warm).items():
             results[method].update(runs)
     jobs = [(method, seed) for seed in args.seeds for method in args.methods if str(seed) not in results[method]]
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -305,10 +306,14 @@ def write_record(
     return figures, results_reported
 
 
-def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, dict]]:
+def reusable_runs(path: str, args: argparse.Namespace, warm: Optional[dict[str, dict]] = None) -> dict[str, dict[str, dict]]:
     """The runs of ``args.methods`` x ``args.seeds`` already in the result JSON at ``path``.
 
-    Raises ValueError, naming the file and the setting, when its schedule differs from ``args``'s.
+    Raises ValueError, naming the file and the setting, when its schedule differs from ``args``'s, or,
+    given this comparison's warm-start validations ``warm`` (by seed), when a seed's warm-start there
+    validated differently: a warm-start retrained on another machine (the runs are deterministic per
+    thread count on one machine, not across processors) or by other code is another starting point,
+    and its runs cannot be paired with this comparison's.
     """
     previous = json.loads(Path(path).read_text())
     for key in SCHEDULE_KEYS:
@@ -316,6 +321,14 @@ def reusable_runs(path: str, args: argparse.Namespace) -> dict[str, dict[str, di
         if theirs != getattr(args, key):
             raise ValueError(f"{path}: its runs used {key}={theirs!r}, this comparison "
                              f"{key}={getattr(args, key)!r}; they cannot be mixed")
+    for seed, ours in (warm or {}).items():
+        theirs = previous.get("warm_start", {}).get(seed)
+        if theirs is None:
+            continue
+        differing = {k: (theirs.get(k), v) for k, v in ours.items() if k.startswith("val/") and theirs.get(k) != v}
+        if differing:
+            raise ValueError(f"{path}: seed {seed}'s warm-start validated {differing} (there, here): another "
+                             "starting point (another machine or code); rerun those arms instead of reusing them")
     return {
         method: {str(seed): previous["per_seed"][method][str(seed)]
                  for seed in args.seeds if str(seed) in previous["per_seed"].get(method, {})}

@@ -458,6 +458,32 @@ def test_comparison_record_of_a_partial_run_is_reusable(tmp_path):
     assert compare.reusable_runs(args.out, args) == {"grpo": {"0": run}, "r3l": {}}
 
 
+def test_comparison_reuses_runs_only_from_the_same_warm_start(tmp_path):
+    """--reuse_results refuses a seed whose warm-start validated differently from this comparison's
+    (retrained on another machine or by other code: its runs would be paired with another start)."""
+    import argparse
+    import json
+
+    import pytest
+
+    from experiments import compare_algorithms as compare
+
+    schedule = {"recipe": "r.yaml", "warmup_steps": 2, "rl_steps": 3, "val_every": 1, "alpha": None,
+                "shared_warmstart": False, "warmstart_override": []}
+    warm = {"0": {"step": 2, "val/success_rate_greedy": 0.4375, "val/success_rate": 0.3125, "reused": True},
+            "1": {"step": 2, "val/success_rate_greedy": 0.109375, "val/success_rate": 0.265625, "wall_s": 9.0}}
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps({"config": schedule, "warm_start": warm,
+                                    "per_seed": {"grpo": {"0": {"final_greedy": 0.25}, "1": {"final_greedy": 0.5}}}}))
+    args = argparse.Namespace(**schedule, methods=["grpo"], seeds=[0, 1])
+    # The same warm-starts (one reused here, one retrained identically: bookkeeping keys differ).
+    same = {"0": {**warm["0"], "reused": False, "wall_s": 4.0}, "1": {**warm["1"], "wall_s": 7.5}}
+    assert compare.reusable_runs(str(previous), args, same) == {"grpo": {"0": {"final_greedy": 0.25}, "1": {"final_greedy": 0.5}}}
+    other = {**same, "1": {**same["1"], "val/success_rate_greedy": 0.203125}}
+    with pytest.raises(ValueError, match=r"previous\.json: seed 1's warm-start validated .*val/success_rate_greedy.*0\.109375.*0\.203125"):
+        compare.reusable_runs(str(previous), args, other)
+
+
 def test_reflectrl_comparison_arms_name_real_stage_ones_and_teachers():
     """experiments/compare_reflectrl.py: every stage-2 arm names a stage-1 pipeline that has an SFT file
     and a teacher mode the callback knows; the seed-literal arm is among them."""

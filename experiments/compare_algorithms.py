@@ -142,7 +142,8 @@ def logged_series(log_dir: str, tags: tuple[str, ...]) -> dict[str, list[float]]
 
 def plot(results: dict, path: str, warmup_steps: int) -> None:
     """Mean greedy validation success against optimizer steps, and against generated tokens (the RL
-    phase's mean tokens per step times the steps since the warm-start: what each method spent)."""
+    phase's mean tokens per step times the steps since the warm-start: what each method spent), each
+    arm over the seeds it reports (its label gives their number)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,9 +156,10 @@ def plot(results: dict, path: str, warmup_steps: int) -> None:
         steps = [s for s, _ in next(iter(runs.values()))["curve_greedy"]]
         means = [statistics.mean(run["curve_greedy"][i][1] for run in runs.values()) for i in range(len(steps))]
         per_step = statistics.mean(run["rl_rollout_means"].get("rollout/generated_tokens", 0.0) for run in runs.values())
-        by_step.plot(steps, means, marker="o", label=method)
+        # Arms with refused runs average fewer seeds: the label says how many.
+        by_step.plot(steps, means, marker="o", label=f"{method} (n={len(runs)})")
         rl = [(max(s - warmup_steps, 0) * per_step / 1e3, m) for s, m in zip(steps, means) if s >= warmup_steps]
-        by_tokens.plot([x for x, _ in rl], [m for _, m in rl], marker="o", label=method)
+        by_tokens.plot([x for x, _ in rl], [m for _, m in rl], marker="o", label=f"{method} (n={len(runs)})")
     by_step.set_xlabel("optimizer step")
     by_tokens.set_xlabel("generated tokens in the RL phase (thousands, per rank)")
     for ax in (by_step, by_tokens):

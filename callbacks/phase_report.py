@@ -60,13 +60,14 @@ PLOT_FILE = "progress.png"
 
 @dataclass
 class SeedSpread:
-    """A recipe's validation success measured over several seeds, printed beside a run's own figures so
-    that a user can tell a normal draw from a broken run. Fractions in [0, 1], one per seed.
+    """A recipe's validation success measured over several runs (seeds, thread counts, machines), printed
+    beside a run's own figures so that a user can tell a normal draw from a broken run. Fractions in
+    [0, 1], one per run.
 
     Args:
-        after_warmup_greedy: greedy validation success after the warm-start, per seed.
-        after_rl_greedy: greedy validation success at the end of the run, per seed.
-        source: where they were measured (the document, the seeds, the thread count).
+        after_warmup_greedy: greedy validation success after the warm-start, per run.
+        after_rl_greedy: greedy validation success at the end of the run, per run, in the same order.
+        source: where they were measured (the document, the seeds, the thread counts, the machines).
     """
 
     after_warmup_greedy: list[float] = field(default_factory=list)
@@ -75,11 +76,11 @@ class SeedSpread:
 
 
 def spread_text(values: list[float]) -> str:
-    """``"27.1% ± 3.2 over 3 seeds (24.0-30.5)"``: mean, sample standard deviation and range, in percent."""
+    """``"27.1% ± 3.2 over 3 runs (24.0-30.5)"``: mean, sample standard deviation and range, in percent."""
     if not values:
         return ""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return (f"{100 * statistics.mean(values):.1f}% ± {100 * std:.1f} over {len(values)} seeds "
+    return (f"{100 * statistics.mean(values):.1f}% ± {100 * std:.1f} over {len(values)} runs "
             f"({100 * min(values):.1f}-{100 * max(values):.1f})")
 
 

@@ -114,8 +114,8 @@ def test_a_recipes_seed_spread_is_printed_beside_the_runs_figures(tmp_path, caps
     report.on_validation_end(_trainer(tmp_path, 20, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
     report.on_fit_end(_trainer(tmp_path, 20, {}), module)
     printed = capsys.readouterr().out
-    assert "25.0% /  12.5%   (this recipe, greedy: 15.0% ± 7.1 over 2 seeds (10.0-20.0))" in printed
-    assert "75.0% /  50.0%   (this recipe, greedy: 50.0% ± 25.0 over 3 seeds (25.0-75.0))" in printed
+    assert "25.0% /  12.5%   (this recipe, greedy: 15.0% ± 7.1 over 2 runs (10.0-20.0))" in printed
+    assert "75.0% /  50.0%   (this recipe, greedy: 50.0% ± 25.0 over 3 runs (25.0-75.0))" in printed
     assert "seed spread measured in docs/results.md" in printed
     assert spread_text([]) == ""
 

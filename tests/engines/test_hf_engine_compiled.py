@@ -67,3 +67,16 @@ def test_batch_and_length_buckets(world_tokenizer, world_policy):
     assert [compiled.batch_bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
     assert [CompiledGenerate.length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
 
+
+
+def test_compiled_path_generates_under_bf16_autocast(world_tokenizer, world_policy):
+    """Under autocast (bf16-mixed training: the rollout runs inside the training step) a Qwen2 layer's
+    keys come out float32 and its values bfloat16, which a one-dtype StaticCache rejects; the compiled
+    path decodes without autocast, in the parameters' dtype, as eagerly without autocast."""
+    eager = HFEngine(world_policy, world_tokenizer, max_batch_size=16)
+    compiled = _compiled(world_policy, world_tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prompts = _prompts(world_tokenizer, 3)
+    expected = eager.generate(prompts, params)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _assert_same(expected, compiled.generate(prompts, params))

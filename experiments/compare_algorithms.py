@@ -132,12 +132,10 @@ LAST_STEPS_FIGURES = (
 
 def logged_series(log_dir: str, tags: tuple[str, ...]) -> dict[str, list[float]]:
     """Each tag's per-step values from a run's TensorBoard event files, in step order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from benchmarks.recipe_run import scalars
 
-    events = EventAccumulator(log_dir, size_guidance={"scalars": 0})
-    events.Reload()
-    available = set(events.Tags().get("scalars", []))
-    return {tag: [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)] for tag in tags if tag in available}
+    series = scalars(log_dir)
+    return {tag: [value for _, value in series[tag]] for tag in tags if tag in series}
 
 
 def plot(results: dict, path: str, warmup_steps: int) -> None:

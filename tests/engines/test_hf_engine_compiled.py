@@ -68,7 +68,6 @@ def test_batch_and_length_buckets(world_tokenizer, world_policy):
     assert [CompiledGenerate.length_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
 
 
-
 def test_compiled_path_generates_under_bf16_autocast(world_tokenizer, world_policy):
     """Under autocast (bf16-mixed training: the rollout runs inside the training step) a Qwen2 layer's
     keys come out float32 and its values bfloat16, which a one-dtype StaticCache rejects; the compiled

@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.machine_info import machine_info
+from experiments.schedule import Job, available_cores, run_jobs
 
 # Every preset is an arm; the default comparison is R³L's (paper, reference code, baselines, ablations).
 METHODS = {path.stem: ["--config", f"configs/algorithms/{path.name}"] for path in sorted((ROOT / "configs" / "algorithms").glob("*.yaml"))}
@@ -83,10 +82,6 @@ def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, 
 
 
 def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     overrides = _common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps)
     alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED and args.alpha is not None else []
@@ -197,8 +192,15 @@ def main() -> None:
     parser.add_argument("--reuse_results", nargs="+", default=[],
                         help="earlier result JSONs of this benchmark: their runs of the requested methods and seeds "
                              "are taken as they are (their schedule must match this one), only the others are run")
-    parser.add_argument("--workers", type=int, default=1, help="RL runs in parallel (separate processes)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per RL run (0: torch's default)")
+    parser.add_argument("--cores", type=int, default=available_cores(),
+                        help="cores to fill: runs (warm-starts included) go in parallel in separate processes while "
+                             "their threads fit (default: the cores this process may use)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per RL run (0: torch's default, every core); the results depend on it, "
+                             "so compare runs made at the same count")
+    parser.add_argument("--warmstart_threads", type=int, default=None,
+                        help="torch threads per warm-start (default: --threads; 0: torch's default, as the "
+                             "comparisons before 2026-12-04 trained them)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     for spec in args.arm:
@@ -209,29 +211,44 @@ def main() -> None:
     if unknown:
         parser.error(f"--methods: unknown {unknown}; presets: {sorted(METHODS)}, or define them with --arm")
     recipe_defaults(args)
+    if args.warmstart_threads is None:
+        args.warmstart_threads = args.threads
     log_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "compare_runs")
     results: dict[str, dict[str, dict]] = {method: {} for method in args.methods}
     warm: dict[str, dict] = {}
-    checkpoints = {}
-    for seed in args.seeds:
-        if args.shared_warmstart and checkpoints:
-            checkpoints[seed], warm[str(seed)] = checkpoints[args.seeds[0]], warm[str(args.seeds[0])]
-        else:
-            checkpoints[seed], warm[str(seed)] = warm_start(seed, args, log_dir)
-    for path in args.reuse_results:
-        for method, runs in reusable_runs(path, args, warm).items():
-            results[method].update(runs)
-    jobs = [(method, seed) for seed in args.seeds for method in args.methods if str(seed) not in results[method]]
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_method, m, METHODS[m], s, checkpoints[s], args, log_dir): (m, s) for m, s in jobs}
-        for future in as_completed(futures):
-            method, seed = futures[future]
-            results[method][str(seed)] = future.result()
-            print(f"seed {seed} {method}: {json.dumps(results[method][str(seed)])}", flush=True)
+    start = time.perf_counter()
+    # Seeds whose RL runs start from each trained warm-start (all of them with --shared_warmstart).
+    trained = args.seeds[:1] if args.shared_warmstart else args.seeds
+    starts_of = {seed: (args.seeds if args.shared_warmstart else [seed]) for seed in trained}
+
+    def then(job: Job, result) -> list[Job]:
+        """A warm-start makes its seeds' RL runs (those no earlier result JSON has); an RL run is recorded."""
+        kind, *key = job.key
+        if kind == "rl":
+            method, seed = key
+            results[method][str(seed)] = result
+            print(f"seed {seed} {method}: {json.dumps(result)}", flush=True)
             # Written after every run, so a comparison stopped part-way keeps its finished runs
             # (``--reuse_results`` takes them up).
-            write_record(args, results, warm)
-    figures, results_reported = write_record(args, results, warm)
+            write_record(args, results, warm, time.perf_counter() - start)
+            return []
+        checkpoint, validation = result
+        follow = []
+        for seed in starts_of[key[0]]:
+            warm[str(seed)] = validation
+            for path in args.reuse_results:
+                for method, runs in reusable_runs(path, argparse.Namespace(**{**vars(args), "seeds": [seed]}),
+                                                  {str(seed): validation}).items():
+                    results[method].update(runs)
+            follow += [Job(("rl", method, seed), run_method, (method, METHODS[method], seed, checkpoint, args, log_dir),
+                           threads=args.threads)
+                       for method in args.methods if str(seed) not in results[method]]
+        return follow
+
+    # Warm-starts first: every RL run waits on one.
+    run_jobs([Job(("warm", seed), warm_start, (seed, args, log_dir), threads=args.warmstart_threads, priority=1)
+              for seed in trained], args.cores, then)
+    figures, results_reported = write_record(args, results, warm, time.perf_counter() - start)
     plot(results_reported, os.path.splitext(args.out)[0] + ".png", args.warmup_steps)
     print(json.dumps(figures, indent=2))
 
@@ -260,19 +277,29 @@ def key_value_args(override: str) -> list[str]:
     return [f"--{key}", value]
 
 
-# What makes two comparisons' runs interchangeable: the same warm-start and the same RL schedule.
-SCHEDULE_KEYS = ("recipe", "warmup_steps", "rl_steps", "val_every", "alpha", "shared_warmstart", "warmstart_override")
-# Keys that results written before they existed lack, and the value those results ran with.
-SCHEDULE_DEFAULTS = {"warmstart_override": []}
+# What makes two comparisons' runs interchangeable: the same warm-start and the same RL schedule, at the
+# same torch thread counts (a run's numbers depend on them).
+SCHEDULE_KEYS = ("recipe", "warmup_steps", "rl_steps", "val_every", "alpha", "shared_warmstart", "warmstart_override",
+                 "threads", "warmstart_threads")
+# Keys that results written before they existed lack, and the value those results ran with (warm-starts
+# at torch's default thread count until 2026-12-04).
+SCHEDULE_DEFAULTS = {"warmstart_override": [], "threads": 0, "warmstart_threads": 0}
 
 
 def write_record(
-    args: argparse.Namespace, results: dict[str, dict[str, dict]], warm: dict[str, dict]
+    args: argparse.Namespace, results: dict[str, dict[str, dict]], warm: dict[str, dict], wall_s: Optional[float] = None
 ) -> tuple[dict, dict[str, dict[str, dict]]]:
     """Write the comparison's JSON (summary figures over the runs finished so far) to ``args.out``;
-    return its summary figures and the runs it reports (not refused), by method and seed."""
+    return its summary figures and the runs it reports (not refused), by method and seed. ``wall_s``:
+    the comparison's wall time so far."""
     results = {m: dict(sorted(runs.items())) for m, runs in results.items()}
     figures = {"warmstart_val_success_greedy_mean": statistics.mean(w["val/success_rate_greedy"] for w in warm.values())}
+    # What each part cost: the whole comparison (its runs overlap over the workers), and the summed wall
+    # time of each arm's runs, refused ones included (a refusal comes at the end of its run).
+    figures["comparison_wall_s"] = wall_s
+    trained = args.seeds[:1] if args.shared_warmstart else args.seeds
+    figures["warmstart_wall_s_total"] = sum(warm[str(seed)].get("wall_s", 0.0) for seed in trained if str(seed) in warm)
+    figures["wall_s_total_by_arm"] = {m: sum(run["wall_s"] for run in runs.values()) for m, runs in results.items() if runs}
     refused = {m: {s: run["refused"] for s, run in runs.items() if "refused" in run} for m, runs in results.items()}
     figures["refused_runs"] = {m: r for m, r in refused.items() if r}
     results_reported = {m: {s: run for s, run in runs.items() if "refused" not in run} for m, runs in results.items()}

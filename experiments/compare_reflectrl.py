@@ -36,13 +36,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import lightning as L
@@ -51,6 +49,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 from benchmarks.machine_info import machine_info
+from experiments.schedule import Job, available_cores, run_jobs
 
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
 OBJECTIVES = {"grpo": [], "rloo": ["--config", str(ROOT / "configs" / "algorithms" / "rloo.yaml")]}
@@ -140,13 +139,9 @@ def _fit(config_path: Path, extra: list[str]):
     return cli, report, distill, trace
 
 
-def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
+def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, result_path: str) -> dict:
     """Train stage 1 (the warm-start, ending with the switch-step validation) and checkpoint it; the
     result is also written to ``result_path`` (by the worker: an interrupted comparison keeps it)."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
     start = time.perf_counter()
     config = yaml.safe_load(Path(config_path).read_text())
     steps = config["model"]["phases"]["sft_warmup_steps"]
@@ -157,11 +152,7 @@ def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, threa
     return result
 
 
-def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint: str, threads: int, result_path: str) -> dict:
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
+def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint: str, result_path: str) -> dict:
     start = time.perf_counter()
     _, beta, teacher = ARMS[arm]
     config = yaml.safe_load(Path(config_path).read_text())
@@ -246,8 +237,11 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(10)), help="seeds (issue 34 asks for 10; a quick look: 2-3)")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="stage-2 arms (default: all)")
-    parser.add_argument("--workers", type=int, default=1, help="runs in parallel (separate processes)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
+    parser.add_argument("--cores", type=int, default=available_cores(),
+                        help="cores to fill: runs (stage 1 included) go in parallel in separate processes while their "
+                             "threads fit (default: the cores this process may use)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per run (0: torch's default, every core); the results depend on it")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = (ROOT / args.work).resolve()
@@ -270,7 +264,6 @@ def main() -> None:
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             configs[pipeline, seed] = (str(path), steps)
             checkpoints[pipeline, seed] = str(work / f"{name}_stage1.ckpt")
-    context = multiprocessing.get_context("spawn")
     # Finished runs are kept in <work>/results/ and not run again, so an interrupted comparison resumes.
     done_dir = work / "results"
     done_dir.mkdir(exist_ok=True)
@@ -278,16 +271,7 @@ def main() -> None:
         path = done_dir / f"stage1_{key[0]}_seed{key[1]}.json"
         if path.exists() and Path(checkpoints[key]).exists():
             stage1[key] = json.loads(path.read_text())
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
-        futures = {
-            pool.submit(stage_one, p, s, configs[p, s][0], checkpoints[p, s], args.threads, str(done_dir / f"stage1_{p}_seed{s}.json")): (p, s)
-            for p, s in configs if (p, s) not in stage1
-        }
-        for future in as_completed(futures):
-            p, s = futures[future]
-            stage1[p, s] = future.result()
-            print(f"stage 1 {p} seed {s}: {json.dumps(stage1[p, s]['records'][-1:])}", flush=True)
-    jobs = []
+    stage2 = {}
     for seed in args.seeds:
         for objective in args.objectives:
             for arm in args.arms:
@@ -296,22 +280,38 @@ def main() -> None:
                 config = student_config(args, sft_file(work, pipeline, seed), logs, name, configs[pipeline, seed][1], beta, teacher)
                 path = work / f"{name}.yaml"
                 path.write_text(yaml.safe_dump(config, sort_keys=False))
-                jobs.append((arm, objective, seed, str(path), checkpoints[pipeline, seed]))
-    runs: dict[str, dict[str, dict]] = {f"{a}_{o}": {} for a, o, *_ in jobs}
-    for a, o, s, *_ in jobs:
+                stage2[arm, objective, seed] = (str(path), checkpoints[pipeline, seed])
+    runs: dict[str, dict[str, dict]] = {f"{a}_{o}": {} for a, o, _ in stage2}
+    for a, o, s in stage2:
         path = done_dir / f"{a}_{o}_seed{s}.json"
         if path.exists():
             runs[f"{a}_{o}"][str(s)] = json.loads(path.read_text())
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
-        futures = {
-            pool.submit(stage_two, a, o, s, config, checkpoint, args.threads, str(done_dir / f"{a}_{o}_seed{s}.json")): (a, o, s)
-            for a, o, s, config, checkpoint in jobs if str(s) not in runs[f"{a}_{o}"]
-        }
-        for future in as_completed(futures):
-            a, o, s = futures[future]
-            runs[f"{a}_{o}"][str(s)] = future.result()
-            result = {k: v for k, v in runs[f"{a}_{o}"][str(s)].items() if k not in ("records", "teacher_trace")}
-            print(f"seed {s} {a}_{o}: {json.dumps(result)}", flush=True)
+
+    def stage_two_jobs(pipeline: str, seed: int) -> list[Job]:
+        """The stage-2 runs that start from ``pipeline``'s stage 1 of ``seed`` and have no result yet."""
+        return [Job(("stage2", a, o, s), stage_two, (a, o, s, *stage2[a, o, s], str(done_dir / f"{a}_{o}_seed{s}.json")),
+                    threads=args.threads)
+                for a, o, s in stage2 if s == seed and ARMS[a][0] == pipeline and str(s) not in runs[f"{a}_{o}"]]
+
+    def then(job: Job, result: dict) -> list[Job]:
+        kind, *key = job.key
+        if kind == "stage1":
+            p, s = key
+            stage1[p, s] = result
+            print(f"stage 1 {p} seed {s}: {json.dumps(result['records'][-1:])}", flush=True)
+            return stage_two_jobs(p, s)
+        a, o, s = key
+        runs[f"{a}_{o}"][str(s)] = result
+        shown = {k: v for k, v in result.items() if k not in ("records", "teacher_trace")}
+        print(f"seed {s} {a}_{o}: {json.dumps(shown)}", flush=True)
+        return []
+
+    # Stage 1 first (every stage-2 run waits on one); a stage 2 starts once its own stage 1 is trained.
+    jobs = [Job(("stage1", p, s), stage_one, (p, s, configs[p, s][0], checkpoints[p, s], str(done_dir / f"stage1_{p}_seed{s}.json")),
+                threads=args.threads, priority=1)
+            for p, s in configs if (p, s) not in stage1]
+    jobs += [job for p, s in stage1 for job in stage_two_jobs(p, s)]
+    run_jobs(jobs, args.cores, then)
     for key, seeds in runs.items():
         pipeline = ARMS[key.rsplit("_", 1)[0]][0]
         for seed, run in seeds.items():

@@ -388,13 +388,22 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
     from experiments import compare_algorithms as compare
 
     schedule = {"recipe": "configs/quickstart.yaml", "warmup_steps": 210, "rl_steps": 30, "val_every": 30,
-                "alpha": 3.0, "shared_warmstart": True}
+                "alpha": 3.0, "shared_warmstart": True, "threads": 1}
     previous = tmp_path / "previous.json"
     previous.write_text(json.dumps({"config": {**schedule, "workers": 2},
                                     "per_seed": {"grpo": {"0": {"final_greedy": 0.25}, "1": {"final_greedy": 0.5}}}}))
-    # Written before --warmstart_override existed: those runs had none.
-    args = argparse.Namespace(**schedule, warmstart_override=[], methods=["grpo", "r3l_wo_credit"], seeds=[1, 2])
+    # Written before --warmstart_override and --warmstart_threads existed: those runs had no override and
+    # trained their warm-starts at torch's default thread count (0).
+    args = argparse.Namespace(**schedule, warmstart_override=[], warmstart_threads=0, methods=["grpo", "r3l_wo_credit"],
+                              seeds=[1, 2])
     assert compare.reusable_runs(str(previous), args) == {"grpo": {"1": {"final_greedy": 0.5}}, "r3l_wo_credit": {}}
+    args.warmstart_threads = 1
+    with pytest.raises(ValueError, match=r"previous\.json: its runs used warmstart_threads=0"):
+        compare.reusable_runs(str(previous), args)
+    args.warmstart_threads, args.threads = 0, 2
+    with pytest.raises(ValueError, match=r"previous\.json: its runs used threads=1"):
+        compare.reusable_runs(str(previous), args)
+    args.threads = 1
     args.warmstart_override = ["data.demos.success_reflection_share=0.25"]
     with pytest.raises(ValueError, match=r"previous\.json: its runs used warmstart_override=\[\]"):
         compare.reusable_runs(str(previous), args)
@@ -437,6 +446,43 @@ def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
     assert saved["model"]["optim"]["sft_lr"] != 0.0123
 
 
+def test_a_comparison_over_two_cores_reproduces_the_sequential_one(tmp_path, monkeypatch):
+    """compare_algorithms schedules warm-starts and arms over worker processes (1 torch thread each),
+    each arm starting once its seed's warm-start is trained: every run's numbers equal those of the same
+    comparison run one job at a time, and the record gives the comparison's and each arm's wall time."""
+    import json
+
+    from harness import TINY_CLI_RUN
+
+    from experiments import compare_algorithms as compare
+
+    monkeypatch.chdir(ROOT)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump({
+        **TINY_CLI_RUN,
+        "trainer": {**TINY_CLI_RUN["trainer"], "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}},
+        "model": {**TINY_CLI_RUN["model"], "phases": {"sft_warmup_steps": 1}},
+    }))
+    records = {}
+    for cores in (2, 1):
+        out = tmp_path / f"cores{cores}" / "compare.json"
+        monkeypatch.setattr(sys, "argv", [
+            "compare_algorithms", "--out", str(out), "--recipe", str(recipe), "--seeds", "0", "1", "--methods", "grpo",
+            "rloo", "--warmup_steps", "1", "--rl_steps", "1", "--val_every", "1", "--cores", str(cores), "--threads", "1"])
+        compare.main()
+        records[cores] = json.loads(out.read_text())
+    parallel, sequential = records[2], records[1]
+    for method in ("grpo", "rloo"):
+        for seed in ("0", "1"):
+            run, again = parallel["per_seed"][method][seed], sequential["per_seed"][method][seed]
+            assert [step for step, _ in run["curve_greedy"]] == [1, 2]
+            assert {k: v for k, v in run.items() if k != "wall_s"} == {k: v for k, v in again.items() if k != "wall_s"}
+    assert parallel["warm_start"].keys() == {"0", "1"}
+    figures = parallel["figures"]
+    assert figures["comparison_wall_s"] > 0 and figures["warmstart_wall_s_total"] > 0
+    assert figures["wall_s_total_by_arm"].keys() == {"grpo", "rloo"}
+
+
 def test_comparison_record_of_a_partial_run_is_reusable(tmp_path):
     """compare_algorithms writes its JSON after every finished run: a comparison stopped part-way
     leaves a record whose runs --reuse_results takes up, and whose figures cover only those runs."""
@@ -446,7 +492,7 @@ def test_comparison_record_of_a_partial_run_is_reusable(tmp_path):
 
     args = argparse.Namespace(
         out=str(tmp_path / "partial.json"), recipe="r.yaml", warmup_steps=2, rl_steps=3, val_every=1, alpha=None,
-        shared_warmstart=True, warmstart_override=[], methods=["grpo", "r3l"], seeds=[0, 1],
+        shared_warmstart=True, warmstart_override=[], threads=1, warmstart_threads=1, methods=["grpo", "r3l"], seeds=[0, 1],
     )
     run = {"final_greedy": 0.25, "final_sampled": 0.5, "last3_mean_greedy": 0.2, "last3_mean_sampled": 0.4,
            "wall_s": 10.0, "generated_tokens": 100.0, "rl_rollout_means": {"rollout/retry_improvement_rate": 0.3}}
@@ -469,7 +515,7 @@ def test_comparison_reuses_runs_only_from_the_same_warm_start(tmp_path):
     from experiments import compare_algorithms as compare
 
     schedule = {"recipe": "r.yaml", "warmup_steps": 2, "rl_steps": 3, "val_every": 1, "alpha": None,
-                "shared_warmstart": False, "warmstart_override": []}
+                "shared_warmstart": False, "warmstart_override": [], "threads": 1, "warmstart_threads": 1}
     warm = {"0": {"step": 2, "val/success_rate_greedy": 0.4375, "val/success_rate": 0.3125, "reused": True},
             "1": {"step": 2, "val/success_rate_greedy": 0.109375, "val/success_rate": 0.265625, "wall_s": 9.0}}
     previous = tmp_path / "previous.json"

@@ -8,7 +8,9 @@ heads, 2 key/value heads, MLP 688, the in-memory BPE tokenizer's vocabulary), fl
 ("What is a + b?" / "What is a - b?", answers 0-9, no system prompt, the tokenizer's chat template)
 x 8 samples, up to 32 new tokens at temperature 1, one micro-batch of 64, GRPO advantages with the
 PPO-clip loss (token mean, eps 0.2), no KL, AdamW lr 1e-6 (one optimizer step per rollout). Reward 1
-when the first integer of the completion is the answer.
+when the first integer of the completion is the answer. ``--new-tokens`` changes the completion budget
+and ``--beta`` adds a KL penalty to a frozen copy of the starting model (k3, TRL's ``beta``; its
+forward pass is part of ``train``), in every variant alike.
 
 Each variant runs in its own process (``--worker``, this file run with the measured checkout on
 ``PYTHONPATH``): ``hf`` and ``vllm`` train an
@@ -139,11 +141,12 @@ def decode_matmul_rate(model_info: dict) -> float:
     return flops / min(runs[2:])  # the first runs warm the caches
 
 
-def flop_limits(model_info: dict) -> dict:
+def flop_limits(model_info: dict, new_tokens: int = NEW_TOKENS, beta: float = 0.0) -> dict:
     """Seconds the rollout and the training update would take at this machine's matmul rate (matmul FLOPs
-    only, attention ignored; every completion taken at the full 32 tokens, as a random model nearly always
-    runs to the budget): rollout 2 x matmul params x (8 distinct prompts + 64 x 32 generated tokens),
-    train 6 x matmul params x 64 x (prompt + 32). The rate is the square-matrix one (``matmul_rate``);
+    only, attention ignored; every completion taken at the full ``new_tokens``, as a random model nearly
+    always runs to the budget): rollout 2 x matmul params x (8 distinct prompts + 64 x new_tokens),
+    train 6 x matmul params x 64 x (prompt + new_tokens), plus 2 x for the reference model's forward when
+    ``beta`` > 0. The rate is the square-matrix one (``matmul_rate``);
     ``rollout_s_at_decode_rate`` is the rollout at the rate of its own 64-row matmuls (``decode_matmul_rate``),
     for reference."""
     import torch
@@ -153,8 +156,8 @@ def flop_limits(model_info: dict) -> dict:
     rate = matmul_rate(torch.float32, "cpu")["flops_per_s"]
     decode_rate = decode_matmul_rate(model_info)
     n, prompt = model_info["matmul_params"], model_info["mean_prompt_tokens"]
-    rollout = 2 * n * (TASKS * prompt + TASKS * GROUP * NEW_TOKENS)
-    train = 6 * n * TASKS * GROUP * (prompt + NEW_TOKENS)
+    rollout = 2 * n * (TASKS * prompt + TASKS * GROUP * new_tokens)
+    train = (6 + (2 if beta > 0 else 0)) * n * TASKS * GROUP * (prompt + new_tokens)
     return {"matmul_gflops": round(rate / 1e9, 1), "rollout_s": rollout / rate, "train_s": train / rate,
             "rollout_gflop": round(rollout / 1e9, 2), "train_gflop": round(train / 1e9, 2),
             "decode_matmul_gflops": round(decode_rate / 1e9, 1), "rollout_s_at_decode_rate": rollout / decode_rate}
@@ -222,13 +225,13 @@ def r3l_worker(args) -> dict:
         engine_kwargs.update(json.loads(args.engine_options))
     data = RolloutDataModule(
         AddSubSuite(), group_size=GROUP, tasks_per_step=TASKS,
-        sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=NEW_TOKENS),
+        sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=args.new_tokens),
         agent=AgentLoopConfig(action_format="raw", max_context_tokens=256), seed=0,
     )
     module = R3LightningModule(
         model=ModelConfig(name_or_path=args.model_dir),
         algorithm=AlgorithmConfig(advantage="grpo", policy_loss="ppo_clip", aggregation="token_mean",
-                                  clip_eps_low=CLIP, clip_eps_high=CLIP, kl_coef=0.0),
+                                  clip_eps_low=CLIP, clip_eps_high=CLIP, kl_coef=args.beta, kl_estimator="k3"),
         optim=OptimConfig(lr=LR, micro_batch_size=64, warmup_steps=0, grad_clip=1.0),
         phases=PhaseConfig(sft_warmup_steps=0),
         engine=EngineConfig(**engine_kwargs),
@@ -306,8 +309,8 @@ def trl_worker(args) -> dict:
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"), report_to="none", logging_steps=1, save_strategy="no",
         use_cpu=True, bf16=False, fp16=False, max_steps=total, per_device_train_batch_size=TASKS * GROUP,
-        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=NEW_TOKENS,
-        temperature=TEMPERATURE, top_p=1.0, top_k=0, beta=0.0, epsilon=CLIP, learning_rate=LR, lr_scheduler_type="constant",
+        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=args.new_tokens,
+        temperature=TEMPERATURE, top_p=1.0, top_k=0, beta=args.beta, epsilon=CLIP, learning_rate=LR, lr_scheduler_type="constant",
         warmup_steps=0, max_grad_norm=1.0, num_iterations=1, loss_type="dapo", shuffle_dataset=False,
         dataloader_num_workers=0, seed=0, disable_tqdm=True,
     )
@@ -354,7 +357,8 @@ def ensure_trl_venv() -> tuple[str | None, str]:
 
 def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "") -> dict:
     command = [python, str(Path(__file__).resolve()), "--worker", variant, "--model-dir", model_dir,
-               "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+               "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+               "--new-tokens", str(args.new_tokens), "--beta", str(args.beta)]
     if engine_options:
         command += ["--engine-options", engine_options]
     # The measured checkout's r3lightning first; this checkout's benchmarks package after it.
@@ -391,6 +395,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per worker")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per worker")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in every worker")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="completion budget (max new tokens)")
+    parser.add_argument("--beta", type=float, default=0.0,
+                        help="KL weight to a frozen reference model (k3, as TRL's beta); > 0 adds its forward pass")
     parser.add_argument("--engine-options", default="", help="JSON of extra EngineConfig fields for hf/vllm")
     parser.add_argument("--alt-options", default="",
                         help="JSON of EngineConfig fields for an extra hf_alt variant of the same checkout, interleaved "
@@ -434,7 +441,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="grpo-step-model-") as model_dir:
         model_info = write_model(Path(model_dir))
-        limits_before = flop_limits(model_info)
+        limits_before = flop_limits(model_info, args.new_tokens, args.beta)
         for repeat in range(args.repeats):
             for variant in variants:
                 worker = variant.removesuffix("_before").removesuffix("_alt")
@@ -459,7 +466,7 @@ def main() -> None:
         figures["hf_alt_over_hf_rollout"] = round(figures["hf_alt_rollout_s"] / figures["hf_rollout_s"], 3)
         figures["hf_alt_over_hf_step_repeats"] = [
             round(a["median"]["step"] / b["median"]["step"], 3) for a, b in zip(runs["hf_alt"], runs["hf"])]
-    limits_after = flop_limits(model_info)
+    limits_after = flop_limits(model_info, args.new_tokens, args.beta)
     limits = {**limits_after, "matmul_gflops_start_end": [limits_before["matmul_gflops"], limits_after["matmul_gflops"]]}
     limits["decode_matmul_gflops_start_end"] = [limits_before["decode_matmul_gflops"], limits_after["decode_matmul_gflops"]]
     for key in ("rollout_s", "train_s", "rollout_s_at_decode_rate"):
@@ -485,6 +492,7 @@ def main() -> None:
     extras = {v: [{k: r[k] for k in r if k not in ("steps", "median")} for r in results] for v, results in runs.items()}
     measurement = {
         "figures": figures,
+        "setup": {"max_new_tokens": args.new_tokens, "kl_beta": args.beta, "threads": args.threads},
         "per_step": {v: [r["steps"] for r in results] for v, results in runs.items()},
         "flop_limits": limits,
         "workers": extras,
@@ -504,6 +512,7 @@ def main() -> None:
         document["config"] = {
             "model": model_info, "prompts": TASKS, "samples_per_prompt": GROUP, "max_new_tokens": NEW_TOKENS,
             "temperature": TEMPERATURE, "micro_batch_size": TASKS * GROUP, "lr": LR, "clip_eps": CLIP, "kl": 0.0,
+            "setup_per_label": "max_new_tokens and kl here are the defaults; measurements[label].setup has each label's",
             "loss": "PPO-clip, token mean (TRL loss_type='dapo')", "threads": args.threads, "repeats": args.repeats,
             "steps_per_worker": args.steps, "warmup_steps_per_worker": args.warmup,
             "statistic": "per worker: median over its timed steps; reported: median over interleaved repeats",

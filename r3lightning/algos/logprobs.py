@@ -2,31 +2,48 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-def selective_log_softmax(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+MAX_LOGITS = 1 << 24
+"""Logits taken at once by ``selective_log_softmax`` and ``entropy_from_logits``: 64 MB in float32."""
+
+
+def row_chunks(*tensors: torch.Tensor, max_logits: int) -> zip:
+    """``tensors`` (sharing their first dim B; the first is logits [B, T, V]) split into chunks of whole
+    rows holding at most ``max_logits`` logits each (at least one row per chunk)."""
+    per_row = max(math.prod(tensors[0].shape[1:]), 1)
+    rows = max(max_logits // per_row, 1)
+    return zip(*(t.split(rows) for t in tensors))
+
+
+def selective_log_softmax(logits: torch.Tensor, token_ids: torch.Tensor, max_logits: int = MAX_LOGITS) -> torch.Tensor:
     """log softmax(logits)[..., token_ids], shape [B, T].
 
     logits: [B, T, V] (any float dtype; computed in float32 for stability).
     token_ids: [B, T] long.
-    Row by row so peak memory is one [T, V] float32 copy instead of [B, T, V].
+    Several rows at a time, up to ``max_logits`` logits, so peak memory is one such float32 copy instead
+    of [B, T, V]; a real vocabulary takes one row at a time. Each row's result (and gradient) is the
+    bits it would have alone: the reductions run along V, row by row, whatever the chunk.
     """
-    rows = []
-    for row_logits, row_ids in zip(logits, token_ids):
-        row_logits = row_logits.float()
-        picked = row_logits.gather(-1, row_ids.unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(row_logits, dim=-1))
-    return torch.stack(rows)
+    chunks = []
+    for chunk_logits, chunk_ids in row_chunks(logits, token_ids, max_logits=max_logits):
+        chunk_logits = chunk_logits.float()
+        picked = chunk_logits.gather(-1, chunk_ids.unsqueeze(-1)).squeeze(-1)
+        chunks.append(picked - torch.logsumexp(chunk_logits, dim=-1))
+    return torch.cat(chunks)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) per position, shape [B, T] from logits [B, T, V]."""
-    rows = []
-    for row_logits in logits:
-        log_p = torch.log_softmax(row_logits.float(), dim=-1)
-        rows.append(-(log_p.exp() * log_p).sum(dim=-1))
-    return torch.stack(rows)
+def entropy_from_logits(logits: torch.Tensor, max_logits: int = MAX_LOGITS) -> torch.Tensor:
+    """Entropy of softmax(logits) per position, shape [B, T] from logits [B, T, V], rows in chunks of at
+    most ``max_logits`` logits (as ``selective_log_softmax``)."""
+    chunks = []
+    for (chunk,) in row_chunks(logits, max_logits=max_logits):
+        log_p = torch.log_softmax(chunk.float(), dim=-1)
+        chunks.append(-(log_p.exp() * log_p).sum(dim=-1))
+    return torch.cat(chunks)
 
 
 def scored_window_start(scored: torch.Tensor, attention_mask: torch.Tensor) -> int:

@@ -11,10 +11,12 @@ from transformers import MistralConfig, MistralForCausalLM
 from r3lightning.training.models import TinyModelSpec, build_tiny_model
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.fused_step import (
+    family_rms_norm,
+    fold_rotation_sign,
     fused_decode_unsupported,
     grouped_decode_attention,
     padded_prefill_attention,
-    rotate_half,
+    rotate,
 )
 from r3lightning.engines.hf.engine import HFEngine
 
@@ -32,7 +34,45 @@ def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_
             weights = torch.softmax(key[row, kv] @ query[row, head] * 0.5 + mask[row, 0, 0], dim=-1)
             torch.testing.assert_close(out[row, head * 8 : (head + 1) * 8], weights @ value[row, kv])
     assert torch.allclose(out[1], grouped_decode_attention(query[1:2], key[1:2, :, 2:], value[1:2, :, 2:], mask[1:2, ..., 2:], 0.5)[0])
-    assert rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+# The decoding step's rewritten pieces against the formulations they replaced, to the bit: a logged number
+# of a run that decodes with them must not move.
+@pytest.mark.parametrize("shape", [(64, 2, 4, 32, 50, 96), (3, 1, 7, 80, 17, 64)])  # B, KVH, G, D, L, buffer columns
+def test_grouped_decode_attention_on_a_cache_buffer_equals_the_4d_matmuls_to_the_bit(shape):
+    batch, kv_heads, groups, dim, length, columns = shape
+    torch.manual_seed(0)
+    keys, values = torch.randn(batch, kv_heads, columns, dim), torch.randn(batch, kv_heads, columns, dim)
+    key, value = keys[:, :, :length], values[:, :, :length]  # the cache's view of its buffer
+    query, mask = torch.randn(batch, kv_heads * groups, dim), torch.zeros(batch, 1, 1, length)
+    mask[0, ..., :3] = torch.finfo(torch.float32).min
+    grouped = query.reshape(batch, kv_heads, groups, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(0.17).add_(mask)
+    expected = torch.matmul(torch.softmax(scores, dim=-1), value).reshape(batch, kv_heads * groups * dim)
+    assert torch.equal(grouped_decode_attention(query, key, value, mask, 0.17), expected)
+
+
+def test_rotation_with_the_sign_folded_into_the_sine_equals_rotate_half_to_the_bit():
+    torch.manual_seed(0)
+    x, cos, sin = torch.randn(64, 10, 32), torch.randn(64, 1, 32), torch.randn(64, 1, 32)
+    rotated_half = torch.cat([-x[..., 16:], x[..., :16]], dim=-1)
+    assert torch.equal(rotate(x, cos, fold_rotation_sign(sin)), x * cos + rotated_half * sin)
+    assert rotate(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(4), fold_rotation_sign(torch.ones(4))).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
+def test_family_rms_norm_is_the_models_norm_to_the_bit(world_tokenizer, architecture, dtype):
+    model = family_models(world_tokenizer)[architecture].to(dtype)
+    torch.manual_seed(0)
+    norms = [model.model.norm, model.model.layers[0].input_layernorm]
+    norms += [model.model.layers[0].self_attn.q_norm] if architecture == "qwen3" else []
+    for norm in norms:
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn_like(norm.weight))
+        for rows in (1, 7, 64):
+            x = (torch.randn(rows, 3, norm.weight.shape[0]) * 4).to(dtype)
+            assert torch.equal(family_rms_norm(norm, x), norm(x))
 
 
 def test_padded_prefill_attention_is_causal_attention_over_each_rows_real_columns():
@@ -144,6 +184,12 @@ def test_adapted_or_quantized_projections_are_not_fused(world_tokenizer):
     adapted = AdaptedLinear(projection.in_features, projection.out_features, bias=True)
     model.model.layers[0].self_attn.q_proj = adapted
     assert "nn.Linear" in fused_decode_unsupported(model)
+
+
+def test_norms_other_than_the_familys_rms_norm_are_not_fused(world_tokenizer):
+    model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    model.model.layers[0].post_attention_layernorm = nn.LayerNorm(model.config.hidden_size)
+    assert "RMSNorm" in fused_decode_unsupported(model)
 
 
 def test_other_attention_kernels_keep_their_own_decoding(world_tokenizer):

@@ -6,8 +6,9 @@ more than their arithmetic: the model's forward for one token of 64 rows of a 3M
 ~2.5 ms per step in Python and per-op overhead against ~2.3 ms of matmuls. This step computes the same
 function with the query/key/value projections as one matmul and the gate/up projections as one (their
 weights concatenated once per weight version), rotary embeddings applied to queries and keys together,
-and grouped-query attention without repeating keys; norms, activations, the output projections and the
-LM head are the model's own modules. It reads and appends to the engine's KV cache, so the prefix cache
+and grouped-query attention without repeating keys; the norms are the family's RMSNorm computed by
+``F.rms_norm`` (the module's arithmetic, to the bit, in one call); activations, the output projections
+and the LM head are the model's own modules. It reads and appends to the engine's KV cache, so the prefix cache
 is unchanged. ``FusedDecoder.prefill`` does the same for a prefill of several columns per row (the
 engine uses it on the CPU), with ``padded_prefill_attention``. Results equal the forward's up to float
 rounding (tests/engines/test_fused_decode.py: greedy tokens identical, log-probs within 1e-5 in fp32).
@@ -32,17 +33,21 @@ def grouped_decode_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor, scaling: float
 ) -> torch.Tensor:
     """Attention of one new token per row: query [B, H, D], key / value [B, KVH, L, D] (H a multiple of
-    KVH), ``attention_mask`` additive [B, 1, 1, L]; returns [B, H * D].
+    KVH; the first L columns of a cache buffer are fine: read in place), ``attention_mask`` additive
+    [B, 1, 1, L]; returns [B, H * D].
 
     The query heads that share a key/value head are one [G, D] x [D, L] product, so keys are never
     repeated per query head; SDPA's CPU kernel spent ~0.3 ms a call on this one-query shape, two
-    batched matmuls take about half of that.
+    batched matmuls take about half of that. They are ``bmm`` over [B KVH] views, the very kernel
+    ``matmul`` of the 4-d tensors ends in (the same values to the bit) without its expand and reshape.
     """
     batch, heads, dim = query.shape
-    kv_heads = key.shape[1]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scaling).add_(attention_mask)
-    return torch.matmul(torch.softmax(scores, dim=-1), value).reshape(batch, heads * dim)  # from [B, KVH, G, D]
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    keys, values = key.reshape(batch * kv_heads, length, dim), value.reshape(batch * kv_heads, length, dim)
+    scores = torch.bmm(query.reshape(batch * kv_heads, groups, dim), keys.transpose(1, 2)).mul_(scaling)
+    weights = torch.softmax(scores.view(batch, kv_heads, groups, length).add_(attention_mask), dim=-1)
+    return torch.bmm(weights.view(batch * kv_heads, groups, length), values).view(batch, heads * dim)
 
 
 def padded_prefill_attention(
@@ -76,7 +81,8 @@ def padded_prefill_attention(
 def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
     """Why ``model`` cannot decode with ``FusedDecoder`` (None when it can): a model type outside the
     family, sliding-window layers, a rotary type that changes with the length, projections that are not
-    plain ``nn.Linear`` (LoRA adapters, quantized layers) or an attention kernel other than sdpa/eager."""
+    plain ``nn.Linear`` (LoRA adapters, quantized layers), norms that are not the family's RMSNorm or an
+    attention kernel other than sdpa/eager."""
     config = model.config
     if config.model_type not in FAMILY:
         return f"model type {config.model_type!r} (fused decoding covers {', '.join(FAMILY)})"
@@ -96,6 +102,9 @@ def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
             return "projections that are not plain nn.Linear (adapters or quantized layers)"
     if type(model.lm_head) is not nn.Linear:
         return "an LM head that is not a plain nn.Linear"
+    norms = [decoder.norm] + [norm for layer in decoder.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if not all(type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon") for norm in norms):
+        return "norms other than the family's RMSNorm (weight x x / rms(x), read by family_rms_norm)"
     return None
 
 
@@ -123,10 +132,25 @@ def residual_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) 
     return residual + linear(x)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[x1, x2] -> [-x2, x1] over the last dimension (the rotary convention of the family)."""
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def family_rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` [..., hidden] for the family's RMSNorm modules, to the bit: x / rms(x) in float32,
+    cast back, times the weight. ``F.rms_norm`` without a weight runs the same pow, mean, add, rsqrt
+    and mul as the module's forward, but from C++ rather than one Python dispatch each (nine norms a
+    decoding step; ``fused_decode_unsupported`` checks the modules are the family's)."""
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
+
+
+def fold_rotation_sign(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` [..., D] with its first half negated, for ``rotate``."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
+    """The family's rotary embedding x cos + [-x2, x1] sin over the last dimension (x = [x1, x2]), with
+    the sign taken from ``folded_sin`` (``fold_rotation_sign(sin)``): [x2, x1] is a roll, and
+    x2 (-s) equals (-x2) s to the bit, so per layer one kernel (the negation) less is run."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * folded_sin
 
 
 class FusedDecoder:
@@ -165,11 +189,13 @@ class FusedDecoder:
         self._built_for = weights_state
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, 1, D] at ``positions`` [B], as the model's rotary embedding computes them."""
+        """cos and the sign-folded sin (``fold_rotation_sign``) [B, 1, D] at ``positions`` [B], as the
+        model's rotary embedding computes cos and sin."""
         rotary = self.decoder.rotary_emb
         freqs = positions[:, None].float() * rotary.inv_freq[None, :].float()  # [B, D / 2]
         angles = torch.cat([freqs, freqs], dim=-1)
-        return (angles.cos() * rotary.attention_scaling).to(dtype)[:, None], (angles.sin() * rotary.attention_scaling).to(dtype)[:, None]
+        cos = (angles.cos() * rotary.attention_scaling).to(dtype)[:, None]
+        return cos, fold_rotation_sign((angles.sin() * rotary.attention_scaling).to(dtype)[:, None])
 
     def step(self, token_ids: torch.Tensor, positions: torch.Tensor, cache, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] of the next token after ``token_ids`` [B] at ``positions`` [B], whose keys and
@@ -199,23 +225,23 @@ class FusedDecoder:
         stores the new column and returns the layer's keys and values [B, KVH, L, D] to attend over."""
         rows, heads, kv_heads, dim = token_ids.shape[0], self.heads, self.kv_heads, self.head_dim
         hidden = self.decoder.embed_tokens(token_ids)  # [B, hidden]
-        cos, sin = self.rotary(positions, hidden.dtype)
+        cos, folded_sin = self.rotary(positions, hidden.dtype)
         for index, (layer, fused) in enumerate(zip(self.decoder.layers, self._weights)):
             attention, mlp = layer.self_attn, layer.mlp
-            qkv = F.linear(layer.input_layernorm(hidden), fused.qkv_weight, fused.qkv_bias)
+            qkv = F.linear(family_rms_norm(layer.input_layernorm, hidden), fused.qkv_weight, fused.qkv_bias)
             query = qkv[:, : heads * dim].view(rows, heads, dim)
             key = qkv[:, heads * dim : (heads + kv_heads) * dim].view(rows, kv_heads, dim)
             value = qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, 1, dim)
             if hasattr(attention, "q_norm"):  # qwen3 normalizes each head before the rotation
-                query, key = attention.q_norm(query), attention.k_norm(key)
+                query, key = family_rms_norm(attention.q_norm, query), family_rms_norm(attention.k_norm, key)
             rotated = torch.cat([query, key], dim=1)  # one rotation for queries and keys
-            rotated = rotated * cos + rotate_half(rotated) * sin
+            rotated = rotate(rotated, cos, folded_sin)
             keys, values = append(index, rotated[:, heads:, None], value)
             out = grouped_decode_attention(rotated[:, :heads], keys, values, attention_mask, self.scaling)
             hidden = residual_linear(hidden, out, attention.o_proj)
-            gate, up = F.linear(layer.post_attention_layernorm(hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
+            gate, up = F.linear(family_rms_norm(layer.post_attention_layernorm, hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
             hidden = residual_linear(hidden, mlp.act_fn(gate) * up, mlp.down_proj)
-        return self.model.lm_head(self.decoder.norm(hidden))
+        return self.model.lm_head(family_rms_norm(self.decoder.norm, hidden))
 
     def prefill(self, token_ids: torch.Tensor, positions: torch.Tensor, cache, attended: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] of the token after the last of ``token_ids`` [B, S] (at ``positions`` [B, S]),
@@ -229,18 +255,18 @@ class FusedDecoder:
         rows, width = token_ids.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         hidden = self.decoder.embed_tokens(token_ids).reshape(rows * width, -1)  # [B S, hidden]
-        cos, sin = self.rotary(positions.reshape(-1), hidden.dtype)  # [B S, 1, D]
+        cos, folded_sin = self.rotary(positions.reshape(-1), hidden.dtype)  # [B S, 1, D]
         last = len(self._weights) - 1
         for index, (layer, fused) in enumerate(zip(self.decoder.layers, self._weights)):
             attention, mlp = layer.self_attn, layer.mlp
-            qkv = F.linear(layer.input_layernorm(hidden), fused.qkv_weight, fused.qkv_bias)
+            qkv = F.linear(family_rms_norm(layer.input_layernorm, hidden), fused.qkv_weight, fused.qkv_bias)
             query = qkv[:, : heads * dim].view(rows * width, heads, dim)
             key = qkv[:, heads * dim : (heads + kv_heads) * dim].view(rows * width, kv_heads, dim)
             value = qkv[:, (heads + kv_heads) * dim :].view(rows, width, kv_heads, dim).transpose(1, 2)
             if hasattr(attention, "q_norm"):
-                query, key = attention.q_norm(query), attention.k_norm(key)
+                query, key = family_rms_norm(attention.q_norm, query), family_rms_norm(attention.k_norm, key)
             rotated = torch.cat([query, key], dim=1)
-            rotated = (rotated * cos + rotate_half(rotated) * sin).view(rows, width, heads + kv_heads, dim).transpose(1, 2)
+            rotated = rotate(rotated, cos, folded_sin).view(rows, width, heads + kv_heads, dim).transpose(1, 2)
             keys, values = cache.update(rotated[:, heads:], value, index)  # [B, KVH, L, D]; a cold cache gets its layers here
             if index < last:
                 out = padded_prefill_attention(rotated[:, :heads], keys, values, attended, self.scaling)
@@ -249,6 +275,6 @@ class FusedDecoder:
                 padding = (attended == 0).to(hidden.dtype).mul_(torch.finfo(hidden.dtype).min)[:, None, None]  # [B, 1, 1, L]
                 out = grouped_decode_attention(rotated[:, :heads, -1], keys, values, padding, self.scaling)
                 hidden = residual_linear(hidden.view(rows, width, -1)[:, -1], out, attention.o_proj)
-            gate, up = F.linear(layer.post_attention_layernorm(hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
+            gate, up = F.linear(family_rms_norm(layer.post_attention_layernorm, hidden), fused.gate_up_weight, fused.gate_up_bias).split(self.intermediate, dim=-1)
             hidden = residual_linear(hidden, mlp.act_fn(gate) * up, mlp.down_proj)
-        return self.model.lm_head(self.decoder.norm(hidden))
+        return self.model.lm_head(family_rms_norm(self.decoder.norm, hidden))

@@ -102,7 +102,10 @@ def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
             return "projections that are not plain nn.Linear (adapters or quantized layers)"
     if type(model.lm_head) is not nn.Linear:
         return "an LM head that is not a plain nn.Linear"
-    norms = [decoder.norm] + [norm for layer in decoder.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms = [decoder.norm]
+    for layer in decoder.layers:
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [getattr(layer.self_attn, name) for name in ("q_norm", "k_norm") if hasattr(layer.self_attn, name)]
     if not all(type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon") for norm in norms):
         return "norms other than the family's RMSNorm (weight x x / rms(x), read by family_rms_norm)"
     return None

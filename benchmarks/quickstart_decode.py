@@ -41,7 +41,7 @@ def last(series: dict, tag: str) -> float | None:
 
 def run_once(decode: str, name: str, log_dir: Path, cache_dir: Path, threads: int, r3l: str) -> dict:
     """One quickstart run with ``engine.hf_decode`` = ``decode``; its wall time and logged figures."""
-    command = [r3l, "fit", "--config", CONFIG, "--engine.hf_decode", decode, "--engine.compile_cache_dir", str(cache_dir),
+    command = [r3l, "fit", "--config", CONFIG, "--model.engine.hf_decode", decode, "--model.engine.compile_cache_dir", str(cache_dir),
                "--trainer.logger.init_args.save_dir", str(log_dir), "--trainer.logger.init_args.name", name,
                "--trainer.enable_progress_bar", "false"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -99,7 +99,7 @@ def main() -> None:
     result = {
         "benchmark": "quickstart_decode",
         "figures": figures,
-        "config": {"command": f"r3l fit --config {CONFIG} --engine.hf_decode <decode> --engine.compile_cache_dir <dir>",
+        "config": {"command": f"r3l fit --config {CONFIG} --model.engine.hf_decode <decode> --model.engine.compile_cache_dir <dir>",
                    "order_per_repeat": [label for label, _ in ORDER], "repeats": args.repeats, "threads": args.threads},
         "machine": machine_info(),
     }

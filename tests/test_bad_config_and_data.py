@@ -85,3 +85,15 @@ def test_a_bad_demonstration_file_stops_the_run_before_training(tmp_path):
     with pytest.raises(ValueError, match="demos.jsonl, row 1"):
         quiet_trainer(2).fit(module, dm)
     assert module.global_step == 0
+
+
+def test_success_reflections_starting_after_the_warm_start_are_refused_naming_both_keys():
+    from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
+    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
+
+    suite = ProceduralWorldSuite(difficulty=1, max_turns=4, num_val_tasks=2, goal_reminder=True)
+    module, dm = module_and_data(suite, sft_steps=2, explorer=ReflectRetryExplorer())
+    dm.demos = DemoConfig(reflections=True, success_reflection_share=0.25, success_reflection_from_step=2)
+    with pytest.raises(ValueError, match=r"success_reflection_from_step \(2\) >= model.phases.sft_warmup_steps \(2\)"):
+        quiet_trainer(4).fit(module, dm)
+    assert module.global_step == 0

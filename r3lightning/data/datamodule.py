@@ -105,6 +105,11 @@ class DemoConfig:
             nothing to train. It also changes when a tiny policy learns to act on the goal during the
             warm-start; the difficulty-2 recipe keeps 0, measured (docs/r3l.md, "Success judgments in the
             warm-start").
+        success_reflection_from_step: the warm-start step from which ``success_reflection_share``
+            applies (0: from the first). The steps before it play no clean episode and are exactly a
+            share-0 run's steps (the same random stream), so the policy learns to act first and to
+            judge success after; at difficulty 2 clean episodes from the start slowed the acting skill
+            (docs/r3l.md, "Success judgments in the warm-start").
         alternative_guidance_share: with ``reflections``, the share of guided-retry samples whose
             guidance names a random other admissible action at the pivot instead of the expert's, the
             retry taking it and the expert continuing after it. The expert's own suggestion names the
@@ -123,12 +128,19 @@ class DemoConfig:
     tasks_per_step: int = 0
     reflection_tasks_per_step: int = 0
     success_reflection_share: float = 0.0
+    success_reflection_from_step: int = 0
     alternative_guidance_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("success_reflection_share", "alternative_guidance_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"data.demos.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.success_reflection_from_step < 0:
+            raise ValueError(f"data.demos.success_reflection_from_step must be >= 0, got {self.success_reflection_from_step}")
+
+    def success_share_at(self, step: int) -> float:
+        """The share of clean success episodes among the reflection tasks of warm-start ``step``."""
+        return self.success_reflection_share if step >= self.success_reflection_from_step else 0.0
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -441,7 +453,7 @@ class RolloutDataModule(L.LightningDataModule):
             n = self.demos.reflection_tasks_per_step
             chosen = tasks[:n] if n > 0 else tasks
             demos += scripted_reflection_samples(
-                loop, self.reflector, chosen, rng, self.demos.success_reflection_share, self.demos.alternative_guidance_share, counts
+                loop, self.reflector, chosen, rng, self.demos.success_share_at(batch.step), self.demos.alternative_guidance_share, counts
             )
         return demos
 

@@ -172,3 +172,39 @@ def test_warmstart_step_logs_its_alternative_guidance_draws_only_when_the_option
     on, retries = warmstart_metrics(1.0)
     assert on["warmstart/alternative_guidance_samples"] > 0
     assert on["warmstart/alternative_guidance_samples"] + on["warmstart/alternative_guidance_unavailable"] == retries
+
+
+def test_success_reflections_start_at_their_step_and_the_steps_before_are_those_of_share_zero():
+    """``demos.success_reflection_from_step``: before that warm-start step no clean episode is played and
+    the step's samples are a share-0 run's (same random stream); from it on the share applies."""
+    from r3lightning.data.datamodule import DemoConfig, RolloutDataModule, TaskBatch
+    from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
+    from r3lightning.training.models import build_tiny_model, build_tokenizer
+    from r3lightning.engines.hf.engine import HFEngine
+    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
+
+    def reflect_contexts(step: int, share: float, from_step: int) -> list[list[int]]:
+        suite = ProceduralWorldSuite(difficulty=1, max_turns=4, num_val_tasks=2, goal_reminder=True)
+        demos = DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=4,
+                           success_reflection_share=share, success_reflection_from_step=from_step)
+        dm = RolloutDataModule(suite, explorer=ReflectRetryExplorer(), tasks_per_step=4, demos=demos)
+        tokenizer = build_tokenizer(dm.tokenizer_corpus(), vocab_size=TINY_SPEC.vocab_size)
+        dm.connect(HFEngine(build_tiny_model(TINY_SPEC, tokenizer), tokenizer), tokenizer, AlgorithmConfig())
+        samples = dm.demonstrations(TaskBatch(step=step, tasks=[suite.train_task(4 * step + i) for i in range(4)]))
+        reflections = [s for s in samples if s.origin == "reflect_sft"]
+        retries = [s for s in samples if s.origin == "retry_sft"]
+        return [s.turns[0].context_ids for s in reflections], len(retries)
+
+    before, retries_before = reflect_contexts(step=2, share=1.0, from_step=3)
+    assert (before, retries_before) == reflect_contexts(step=2, share=0.0, from_step=0)
+    assert retries_before > 0
+    after, retries_after = reflect_contexts(step=3, share=1.0, from_step=3)
+    assert (after, retries_after) == reflect_contexts(step=3, share=1.0, from_step=0)
+    assert retries_after == 0  # every reflection task played clean: a success judgment, no retry
+
+
+def test_success_reflection_from_step_must_not_be_negative():
+    from r3lightning.data.datamodule import DemoConfig
+
+    with pytest.raises(ValueError, match="success_reflection_from_step"):
+        DemoConfig(reflections=True, success_reflection_from_step=-1)

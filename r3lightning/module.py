@@ -109,20 +109,12 @@ class R3LightningModule(L.LightningModule):
 
     def _check_schedule(self) -> None:
         """The task stream is endless: a run needs ``trainer.max_steps``; a warm-start as long as the run
-        leaves no RL step, which is allowed (an SFT-only run) but said once; success reflections that
-        would start after the warm-start are refused (they would never be played)."""
+        leaves no RL step, which is allowed (an SFT-only run) but said once."""
         max_steps = self.trainer.max_steps
         if max_steps is None or max_steps < 0:
             raise ValueError(
                 f"trainer.max_steps is {max_steps}: the task stream never ends, so set trainer.max_steps to the "
                 "number of optimizer steps to run"
-            )
-        demos = self.datamodule.demos
-        if demos.reflections and demos.success_reflection_share > 0 and demos.success_reflection_from_step >= self.phases.sft_warmup_steps:
-            raise ValueError(
-                f"data.demos.success_reflection_from_step ({demos.success_reflection_from_step}) >= "
-                f"model.phases.sft_warmup_steps ({self.phases.sft_warmup_steps}): no warm-start step would play a clean "
-                "success episode; start it earlier or set data.demos.success_reflection_share to 0"
             )
         if 0 < max_steps <= self.phases.sft_warmup_steps:
             rank_zero_warn(

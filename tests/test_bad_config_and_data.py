@@ -87,13 +87,18 @@ def test_a_bad_demonstration_file_stops_the_run_before_training(tmp_path):
     assert module.global_step == 0
 
 
-def test_success_reflections_starting_after_the_warm_start_are_refused_naming_both_keys():
-    from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
-    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
+def test_success_reflections_starting_after_the_warm_start_are_refused_naming_both_keys(tmp_path):
+    """``r3l fit`` refuses the schedule before training (``DemoConfig.check_warmup``)."""
+    import yaml
+    from harness import TINY_CLI_RUN
 
-    suite = ProceduralWorldSuite(difficulty=1, max_turns=4, num_val_tasks=2, goal_reminder=True)
-    module, dm = module_and_data(suite, sft_steps=2, explorer=ReflectRetryExplorer())
-    dm.demos = DemoConfig(reflections=True, success_reflection_share=0.25, success_reflection_from_step=2)
+    from r3lightning.cli.main import R3LightningCLI
+
+    DemoConfig(reflections=True, success_reflection_share=0.25, success_reflection_from_step=1).check_warmup(2)
+    DemoConfig(reflections=True, success_reflection_share=0.0, success_reflection_from_step=5).check_warmup(2)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY_CLI_RUN))
     with pytest.raises(ValueError, match=r"success_reflection_from_step \(2\) >= model.phases.sft_warmup_steps \(2\)"):
-        quiet_trainer(4).fit(module, dm)
-    assert module.global_step == 0
+        R3LightningCLI(args=["fit", "--config", str(config), "--model.phases.sft_warmup_steps", "2", "--trainer.max_steps", "4",
+                             "--data.demos.reflections", "true", "--data.demos.success_reflection_share", "0.25",
+                             "--data.demos.success_reflection_from_step", "2"])

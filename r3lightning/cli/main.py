@@ -228,6 +228,10 @@ class R3LightningCLI(LightningCLI):
             if value is not None and value != inert:
                 raise ValueError(f"trainer.{flag} ({value}) does nothing in r3lightning (the module steps its optimizer itself); {instead}")
 
+    def before_fit(self) -> None:
+        """Refuse a warm-start schedule that would never play what it asks for (``DemoConfig.check_warmup``)."""
+        self.datamodule.demos.check_warmup(self.model.phases.sft_warmup_steps)
+
     def _instantiate_trainer(self, config: dict, callbacks: list):
         backend = getattr(getattr(self.model, "engine_config", None), "backend", "hf")
         callbacks = [*callbacks, *added_callbacks(config, backend)]

@@ -138,6 +138,16 @@ class DemoConfig:
         if self.success_reflection_from_step < 0:
             raise ValueError(f"data.demos.success_reflection_from_step must be >= 0, got {self.success_reflection_from_step}")
 
+    def check_warmup(self, sft_warmup_steps: int) -> None:
+        """Refuse success reflections that would start after a warm-start of ``sft_warmup_steps``
+        steps: they would never be played."""
+        if self.reflections and self.success_reflection_share > 0 and self.success_reflection_from_step >= sft_warmup_steps:
+            raise ValueError(
+                f"data.demos.success_reflection_from_step ({self.success_reflection_from_step}) >= "
+                f"model.phases.sft_warmup_steps ({sft_warmup_steps}): no warm-start step would play a clean "
+                "success episode; start it earlier or set data.demos.success_reflection_share to 0"
+            )
+
     def success_share_at(self, step: int) -> float:
         """The share of clean success episodes among the reflection tasks of warm-start ``step``."""
         return self.success_reflection_share if step >= self.success_reflection_from_step else 0.0

@@ -183,7 +183,7 @@ def test_success_reflections_start_at_their_step_and_the_steps_before_are_those_
     from r3lightning.engines.hf.engine import HFEngine
     from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
 
-    def reflect_contexts(step: int, share: float, from_step: int) -> list[list[int]]:
+    def reflect_contexts(step: int, share: float, from_step: int) -> tuple[list[list[int]], int]:
         suite = ProceduralWorldSuite(difficulty=1, max_turns=4, num_val_tasks=2, goal_reminder=True)
         demos = DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=4,
                            success_reflection_share=share, success_reflection_from_step=from_step)

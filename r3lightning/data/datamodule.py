@@ -108,8 +108,9 @@ class DemoConfig:
         success_reflection_from_step: the warm-start step from which ``success_reflection_share``
             applies (0: from the first). The steps before it play no clean episode and are exactly a
             share-0 run's steps (the same random stream), so the policy learns to act first and to
-            judge success after. At difficulty 2 over 3 seeds, from step 480 of a 600-step warm-start:
-            acting kept on every seed, judgments fired on 2 (docs/r3l.md, "A warm-start past the climb").
+            judge success after. At difficulty 2 over 5 seeds, from step 480 of a 600-step warm-start:
+            acting kept on every seed, judgments fired on 3 (docs/r3l.md, "Nine arms from warm-starts
+            taught the judgment late").
         alternative_guidance_share: with ``reflections``, the share of guided-retry samples whose
             guidance names a random other admissible action at the pivot instead of the expert's, the
             retry taking it and the expert continuing after it. The expert's own suggestion names the

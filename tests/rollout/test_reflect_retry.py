@@ -310,6 +310,8 @@ def test_correct_success_judgments_become_reflect_samples(world_suite, world_tok
     assert [t.success for t in out.groups[0]] == [True, True] and [t.success for t in out.groups[1]] == [False, False]
     assert out.metrics["rollout/success_judgment_samples"] == 2.0  # the two solved episodes, not the two failed ones
     assert out.metrics["rollout/meta_task_samples"] == 0.0  # "look" retries never improve: no reflect/retry pair
+    # The solved episodes follow the expert plan, and their reflection's label is the diagnostician's.
+    assert out.metrics["rollout/clean_success_share"] == 1.0 and out.metrics["rollout/success_label_accuracy"] == 1.0
     judged = [s for s in out.sft if s.origin == "reflect_sft"]
     assert len(judged) == 2 and all(s.task_id == solved.task_id and s.reward == 1.0 for s in judged)
     assert world_tokenizer.decode(judged[0].turns[0].response_ids, skip_special_tokens=True) == judged_success
@@ -354,6 +356,7 @@ def test_pivot_accuracy_is_not_logged_without_a_diagnostician_or_a_judged_failur
     out = ReflectRetryExplorer(step_split="off").explore([suite.train_task(0)], loop, ExplorationSpec(2, SamplingParams()))
     assert out.metrics["rollout/retry_rate"] == 1.0
     assert "rollout/pivot_accuracy" not in out.metrics and "rollout/pivot_offset" not in out.metrics
+    assert "rollout/clean_success_share" not in out.metrics
     # Only successes: nothing to check.
     task = world_suite.train_task(0)
     loop = AgentLoop(world_suite, ExpertEngine(world_tokenizer, json.dumps(VALID), world_suite.demonstration(task)), world_tokenizer)
@@ -487,3 +490,38 @@ def test_alternative_guidance_names_another_action_that_the_retry_takes(world_su
     # Every draw is counted: an alternative (the guidance names another action) or a fallback to the expert's.
     assert counts["alternative_guidance"] == renamed
     assert counts["alternative_guidance"] + counts["alternative_unavailable"] == len(alternative)
+
+
+def test_success_label_agreement_on_hand_built_episodes(world_suite):
+    """``success_label_agreement`` on successes without a reward error: ``rollout/clean_success_share``
+    is the share the diagnostician calls ``success`` (every action on a shortest path), the only
+    episodes a correct judgment may call ``success``; ``rollout/success_label_accuracy`` is the share
+    of valid reflections on them whose label is the diagnostician's. Failures and invalid reflections
+    are not counted; no success, or no diagnostician, logs nothing."""
+    from r3lightning.rollout.explorers.reflect_retry import success_label_agreement
+    from r3lightning.rollout.explorers.reflection import Reflection
+    from r3lightning.types import Trajectory, Turn
+
+    task = world_suite.train_task(0)
+    plan = world_suite.demonstration(task)
+
+    def episode(actions, success=True, reward_error=False):
+        turns = [Turn([1], [2], action=a, feedback="") for a in actions]
+        return Trajectory(task.task_id, turns, float(success), success, reward_error=reward_error)
+
+    def said(outcome):
+        return Reflection("s", "r", outcome, "i", 0), ""
+
+    clean, detour = episode(plan), episode(["look"] + plan)
+    assert world_suite.diagnose(task, detour.actions)["trajectory_outcome"] == "success_but_inefficient"
+    cases = [
+        (clean, said("success")),  # clean, right
+        (clean, said("success_but_inefficient")),  # clean, wrong
+        (detour, said("success_but_inefficient")),  # inefficient, right
+        (detour, (None, "no_json")),  # inefficient, invalid: counts for the share only
+        (episode(["look"] * 4, success=False), said("success")),  # a failure: not counted
+        (episode(plan, reward_error=True), said("success")),  # unsound reward: not counted
+    ]
+    figures = success_label_agreement(world_suite, [task] * len(cases), [t for t, _ in cases], [p for _, p in cases])
+    assert figures == {"rollout/clean_success_share": 2 / 4, "rollout/success_label_accuracy": 2 / 3}
+    assert success_label_agreement(world_suite, [task], [episode(["look"], success=False)], [said("failure")]) == {}

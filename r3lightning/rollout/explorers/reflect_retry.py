@@ -192,6 +192,7 @@ class ReflectRetryExplorer:
         metrics = r3l_metrics(base, reflections.parsed, retry_of, pivots, improved)
         if not step_level:
             metrics.update(pivot_agreement(loop.suite, base_tasks, base, reflections.parsed))
+            metrics.update(success_label_agreement(loop.suite, base_tasks, base, reflections.parsed))
         metrics["rollout/replay_failures"] = float(sum(r.end_reason == "replay_failed" for r in retries))
         metrics["rollout/success_judgment_samples"] = float(len(judged))
         metrics["rollout/meta_task_samples"] = float(len(sft) - len(judged))
@@ -283,6 +284,34 @@ def pivot_agreement(suite, tasks: list[Task], base: list[Trajectory], parsed) ->
         "rollout/pivot_accuracy": sum(offset == 0 for offset in offsets) / len(offsets),
         "rollout/pivot_offset": sum(offsets) / len(offsets),
     }
+
+
+def success_label_agreement(suite, tasks: list[Task], base: list[Trajectory], parsed) -> dict[str, float]:
+    """How the reflections on successful episodes (no reward error) label them against the suite's
+    diagnostician: ``rollout/clean_success_share``, the share of those episodes it calls ``success``
+    (every action on a shortest path; the others are ``success_but_inefficient``), the only episodes a
+    correct judgment may call ``success`` and so the ceiling of ``rollout/success_judgment_samples``;
+    ``rollout/success_label_accuracy``, the share of valid reflections on them whose label is the
+    diagnostician's. Empty when the suite has no diagnostician or no such episode exists."""
+    clean = labelled = agreed = 0
+    successes = 0
+    for trajectory, task, (reflection, _) in zip(base, tasks, parsed):
+        if not trajectory.success or trajectory.reward_error:
+            continue
+        diagnosis = diagnosis_of(suite, task, trajectory)
+        if diagnosis is None:
+            return {}
+        successes += 1
+        clean += diagnosis["trajectory_outcome"] == "success"
+        if reflection is not None:
+            labelled += 1
+            agreed += reflection.trajectory_outcome == diagnosis["trajectory_outcome"]
+    if not successes:
+        return {}
+    figures = {"rollout/clean_success_share": clean / successes}
+    if labelled:
+        figures["rollout/success_label_accuracy"] = agreed / labelled
+    return figures
 
 
 def r3l_metrics(base, parsed, retry_of: list[int], pivots: list[int], improved: int) -> dict[str, float]:

@@ -290,7 +290,8 @@ def success_label_agreement(suite, tasks: list[Task], base: list[Trajectory], pa
     """How the reflections on successful episodes (no reward error) label them against the suite's
     diagnostician: ``rollout/clean_success_share``, the share of those episodes it calls ``success``
     (every action on a shortest path; the others are ``success_but_inefficient``), the only episodes a
-    correct judgment may call ``success`` and so the ceiling of ``rollout/success_judgment_samples``;
+    correct judgment may call ``success`` (``rollout/success_judgment_samples`` counts every ``success``
+    said of a maximum-reward episode, the reference's rule);
     ``rollout/success_label_accuracy``, the share of valid reflections on them whose label is the
     diagnostician's. Empty when the suite has no diagnostician or no such episode exists."""
     clean = labelled = agreed = 0

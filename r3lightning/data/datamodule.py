@@ -109,8 +109,9 @@ class DemoConfig:
             applies (0: from the first). The steps before it play no clean episode and are exactly a
             share-0 run's steps (the same random stream), so the policy learns to act first and to
             judge success after. At difficulty 2 over 5 seeds, from step 480 of a 600-step warm-start:
-            acting kept on every seed, judgments fired on 3 (docs/r3l.md, "Nine arms from warm-starts
-            taught the judgment late").
+            acting kept on every seed, judgments fired on 3 at share 0.25 and on 5 at 0.5; the
+            quickstart teaches 0.25 from step 140 of 210 (docs/r3l.md, "Which label the policy gives
+            its successes" and "The quickstart teaches the judgment late").
         alternative_guidance_share: with ``reflections``, the share of guided-retry samples whose
             guidance names a random other admissible action at the pivot instead of the expert's, the
             retry taking it and the expert continuing after it. The expert's own suggestion names the

@@ -10,7 +10,10 @@ benchmark's policy and batch (``benchmarks/grpo_step.py``: 3.0M-parameter Qwen2,
   (r3lightning's) against ``foreach=True`` and ``fused=True``, and whether each leaves the very same
   weights after 20 steps;
 - ``attention``: the policy's forward and backward over the 64 right-padded rows with transformers'
-  ``sdpa`` attention (the default) against its ``eager`` one.
+  ``sdpa`` attention (the default) against its ``eager`` one;
+- ``compile``: the same forward and backward (``sdpa``) eagerly against ``torch.compile`` of the
+  policy (inductor, static shapes), its first call's seconds and its largest logit difference: the
+  ceiling of what compiling the training forward could save at these shapes.
 
 Each pair runs alternately (``--repeats`` rounds); a figure is the median over rounds of each round's
 median call. Whether an alternative is exact is part of the result: a change that is not bit-identical
@@ -143,6 +146,26 @@ def main() -> None:
     valid = mask.bool()
     figures["attention_eager_max_abs_logit_diff"] = float((attention("sdpa")() - attention("eager")())[valid].abs().max())
     model.set_attn_implementation("sdpa")
+
+    compiled_policy = copy.deepcopy(model)
+    compiled_forward = torch.compile(compiled_policy, dynamic=False)
+
+    def forward_backward_of(policy, forward) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            policy.zero_grad(set_to_none=True)
+            out = forward(input_ids=token_ids, attention_mask=mask).logits
+            out.logsumexp(-1).sum().backward()
+            return out.detach()
+
+        return run
+
+    start = time.perf_counter()
+    compiled_logits = forward_backward_of(compiled_policy, compiled_forward)()
+    figures["compile_first_call_s"] = round(time.perf_counter() - start, 1)
+    figures["compile_max_abs_logit_diff"] = float((compiled_logits - forward_backward_of(model, model)())[valid].abs().max())
+    rounds["compile"] = alternate({"eager": forward_backward_of(model, model),
+                                   "compiled": forward_backward_of(compiled_policy, compiled_forward)},
+                                  args.repeats, max(args.calls // 3, 3))
 
     for part, by_candidate in rounds.items():
         for candidate, values in by_candidate.items():

@@ -18,8 +18,13 @@ guidance; ``expert`` against ``none`` is what the guidance adds where the observ
 the action. Probes where the mistake does not make step k the diagnosed pivot are skipped (counted).
 
     python -m experiments.guidance_probe --recipe configs/examples/r3l_procedural_d2_cpu.yaml --seeds 0 1 2 \\
-        --arm share0= --arm share05=data.demos.alternative_guidance_share=0.5 \\
+        --warmup_steps 240 \\
+        --arm share0=data.demos.alternative_guidance_share=0,data.demos.success_reflection_share=0 \\
+        --arm share05=data.demos.alternative_guidance_share=0.5,data.demos.success_reflection_share=0 \\
         --out benchmarks/results/r3l_d2_issue35/guidance_probe.json
+
+(the recipe as it was on 2026-12-03, when ``guidance_probe.json`` was made: 240 warm-start steps,
+neither alternative guidance nor success judgments).
 """
 
 from __future__ import annotations
@@ -127,7 +132,7 @@ class GuidanceProbe(L.Callback):
         }
 
 
-def run_one(recipe: str, arm: str, overrides: list[str], seed: int, work: Path, threads: int) -> dict:
+def run_one(recipe: str, arm: str, overrides: list[str], seed: int, work: Path, threads: int, steps: int | None) -> dict:
     import torch
     import yaml
 
@@ -135,7 +140,7 @@ def run_one(recipe: str, arm: str, overrides: list[str], seed: int, work: Path, 
 
     if threads:
         torch.set_num_threads(threads)
-    steps = yaml.safe_load(Path(recipe).read_text())["model"]["phases"]["sft_warmup_steps"]
+    steps = steps or yaml.safe_load(Path(recipe).read_text())["model"]["phases"]["sft_warmup_steps"]
     start = time.perf_counter()
     cli = R3LightningCLI(
         args=[
@@ -188,6 +193,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="runs/guidance_probe", help="logs; finished runs are kept in <work>/results and not run again")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup_steps", type=int, default=None, help="SFT warm-start steps; default: the recipe's")
     args = parser.parse_args()
     os.chdir(ROOT)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -200,7 +206,7 @@ def main() -> None:
         for arm, overrides in arms.items():
             path = done / f"{arm}_seed{seed}.json"
             if not path.exists():
-                path.write_text(json.dumps(run_one(args.recipe, arm, overrides, seed, work, args.threads)) + "\n")
+                path.write_text(json.dumps(run_one(args.recipe, arm, overrides, seed, work, args.threads, args.warmup_steps)) + "\n")
             runs[arm][str(seed)] = json.loads(path.read_text())
             run = runs[arm][str(seed)]
             print(f"{arm} seed {seed}: " + json.dumps({k: v for k, v in run.items() if k != "records"}), flush=True)
@@ -208,7 +214,7 @@ def main() -> None:
         "benchmark": "guidance_probe",
         "figures": summarize(runs),
         "per_seed": runs,
-        "config": {"recipe": args.recipe, "arms": arms, "seeds": args.seeds, "threads": args.threads},
+        "config": {"recipe": args.recipe, "arms": arms, "seeds": args.seeds, "threads": args.threads, "warmup_steps": args.warmup_steps},
         "machine": machine_info(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

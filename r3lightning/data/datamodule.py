@@ -103,8 +103,10 @@ class DemoConfig:
             reflection sample has an injected mistake, so at 0 the policy never learns to call an
             episode a success: R³L then retries every episode and ``train_success_judgments`` has
             nothing to train. It also changes when a tiny policy learns to act on the goal during the
-            warm-start; the difficulty-2 recipe keeps 0, measured (docs/r3l.md, "Success judgments in the
-            warm-start").
+            warm-start: from the first step any share cost seeds of the difficulty-2 recipe their
+            acting skill, so that recipe teaches 0.5 from step 480 (``success_reflection_from_step``;
+            docs/r3l.md, "Success judgments in the warm-start" and "Which label the policy gives its
+            successes").
         success_reflection_from_step: the warm-start step from which ``success_reflection_share``
             applies (0: from the first). The steps before it play no clean episode and are exactly a
             share-0 run's steps (the same random stream), so the policy learns to act first and to

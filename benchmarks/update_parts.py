@@ -15,8 +15,9 @@ benchmark's policy and batch (``benchmarks/grpo_step.py``: 3.0M-parameter Qwen2,
   policy (inductor, static shapes), its first call's seconds and its largest logit difference: the
   ceiling of what compiling the training forward could save at these shapes;
 - ``forward``: that forward and backward against its forward alone, with autograd recording and
-  without (a frozen reference's or teacher's forward): what share of the update a no-grad forward of
-  the same rows costs.
+  without (a frozen reference's or teacher's forward), and against a reference pass (the no-grad
+  forward plus the sampled tokens' log-probs): what share of the update a frozen model's pass over the
+  same rows costs.
 
 Each pair runs alternately (``--repeats`` rounds); a figure is the median over rounds of each round's
 median call. Whether an alternative is exact is part of the result: a change that is not bit-identical
@@ -192,8 +193,15 @@ def main() -> None:
             with torch.no_grad():
                 return forward_only()
 
+        def reference_pass() -> torch.Tensor:
+            # What a frozen reference's pass adds to the bare forward: the sampled tokens' log-probs.
+            with torch.no_grad():
+                out = model(input_ids=token_ids, attention_mask=mask).logits[:, :-1]
+                return selective_log_softmax(out, token_ids[:, 1:]).float()
+
         rounds["forward"] = alternate({"forward_backward": forward_backward_of(model, model), "forward_grad": forward_only,
-                                       "forward_no_grad": forward_no_grad}, args.repeats, few_calls)
+                                       "forward_no_grad": forward_no_grad, "reference_pass": reference_pass},
+                                      args.repeats, few_calls)
 
     for part, by_candidate in rounds.items():
         for candidate, values in by_candidate.items():

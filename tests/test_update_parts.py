@@ -17,9 +17,9 @@ def test_forward_pair_at_a_chosen_length_records_per_round_ratios(tmp_path, monk
     figures = record["figures"]
     assert record["config"]["new_tokens"] == 12
     assert {key for key in figures if key.endswith("_ms")} == {
-        "forward_forward_backward_ms", "forward_forward_grad_ms", "forward_forward_no_grad_ms"}
+        "forward_forward_backward_ms", "forward_forward_grad_ms", "forward_forward_no_grad_ms", "forward_reference_pass_ms"}
     base = figures["forward_forward_backward_ms_rounds"]
-    for candidate in ("forward_grad", "forward_no_grad"):
+    for candidate in ("forward_grad", "forward_no_grad", "reference_pass"):
         rounds = figures[f"forward_{candidate}_ms_rounds"]
         assert len(rounds) == 2
         expected = statistics.median(c / b for c, b in zip(rounds, base))

@@ -100,6 +100,8 @@ def main() -> None:
     parser.add_argument("--new_tokens", type=int, default=32, help="completion length of the batch (grpo_step's 32 or 64)")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="the pairs to run (default: all)")
     args = parser.parse_args()
+    if args.new_tokens < 9:  # the batch's completions run from 8 tokens up to new_tokens - 1
+        parser.error(f"--new_tokens must be at least 9, got {args.new_tokens}")
     new = args.new_tokens
     import torch
     from transformers import AutoModelForCausalLM

@@ -60,7 +60,13 @@ TRL_VENV = HERE / ".venv-trl"
 SHAPE = dict(hidden_size=256, num_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=688)
 GROUP, TASKS, NEW_TOKENS, TEMPERATURE, LR, CLIP = 8, 8, 32, 1.0, 1e-6, 0.2
 PARTS = ("rollout", "reward", "experience", "train", "sync", "other")
-SUBPARTS = ("generate",)  # inside rollout; r3lightning workers only
+# Inside a part; r3lightning workers only. generate: the engine's calls inside rollout. Inside train:
+# reference (the no-grad pass for the KL reference's log-probs, and recomputed behaviour ones), loss (each
+# micro-batch's forward and loss), backward, update (gradient clipping, the optimizer step, the step's
+# metrics); what train spends beyond them is the experience's bookkeeping between those calls.
+SUBPARTS = ("generate", "reference", "loss", "backward", "update")
+TRAIN_SUBPARTS = {"reference": ("prefix_forward", "fill_logprobs"), "loss": (None, "micro_batch_loss"),
+                  "backward": (None, "manual_backward"), "update": (None, "_finish_update")}
 
 
 # ---- the task: "What is a + b?" / "What is a - b?" with answers 0-9 -------------------------------------
@@ -246,6 +252,8 @@ def r3l_worker(args) -> dict:
 
     time_calls(data, "rollout", add_seconds(timings, "rollout"))
     time_calls(module, "optimize", add_seconds(timings, "train"))
+    for part, (owner, method) in TRAIN_SUBPARTS.items():
+        time_calls(getattr(module, owner) if owner else module, method, add_seconds(timings, part))
     time_calls(module_lib, "make_experience", add_seconds(timings, "experience"))
     steps: list[dict] = []
     marks: list[tuple[float, dict]] = []
@@ -516,7 +524,11 @@ def main() -> None:
             "loss": "PPO-clip, token mean (TRL loss_type='dapo')", "threads": args.threads, "repeats": args.repeats,
             "steps_per_worker": args.steps, "warmup_steps_per_worker": args.warmup,
             "statistic": "per worker: median over its timed steps; reported: median over interleaved repeats",
-            "parts": list(PARTS), "subparts": {"generate": "inside rollout: the engine's generate calls (r3lightning only)"},
+            "parts": list(PARTS), "subparts": {"generate": "inside rollout: the engine's generate calls (r3lightning only)",
+                         "reference": "inside train: the no-grad reference / behaviour log-prob pass (r3lightning only)",
+                         "loss": "inside train: the micro-batches' forward and loss (r3lightning only)",
+                         "backward": "inside train: the micro-batches' backward (r3lightning only)",
+                         "update": "inside train: clipping, optimizer step, metrics (r3lightning only)"},
         }
         document.setdefault("measurements", {})[args.label] = measurement
         document["machine"] = measurement["machine"]

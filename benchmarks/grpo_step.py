@@ -38,7 +38,10 @@ TRL's ``on_step_begin``), so it includes logging, callbacks and the data loader.
 
 Inside ``rollout``, r3lightning's figures also give ``generate``: the engine's ``generate`` calls alone
 (the rest of ``rollout`` is the agent loop around them: episode starts, prompt tokens, decoding the
-completions to text, building trajectories). It is not one of the parts above (they sum to the step).
+completions to text, building trajectories). Inside ``train``, they give ``reference`` (the no-grad
+pass for the KL reference's log-probs, ``PrefixSharedForward.fill_logprobs``), ``loss`` (each
+micro-batch's forward and loss), ``backward`` and ``update`` (clipping, the optimizer step, the step's
+metrics). None of these sub-parts is one of the parts above (those sum to the step).
 """
 
 from __future__ import annotations

@@ -81,9 +81,20 @@ def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, 
     return path, {**report.records[-1], "wall_s": time.perf_counter() - start}
 
 
+def demo_overrides(warmstart_overrides: list[str]) -> list[str]:
+    """The warm-start overrides an RL run takes too: those of ``data.demos``. They only shape the
+    warm-start's demonstrations, which no RL step draws, but the config check reads them against the
+    warm-up length (a success share starting after a shorter warm-start is refused), so an arm resuming
+    a warm-start must describe it as it was trained."""
+    return [arg for override in warmstart_overrides if override.startswith("data.demos.") for arg in key_value_args(override)]
+
+
 def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
     start = time.perf_counter()
-    overrides = _common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps)
+    overrides = [
+        *_common(args, seed, log_dir, f"{method}_seed{seed}", args.warmup_steps + args.rl_steps),
+        *demo_overrides(args.warmstart_override),
+    ]
     alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED and args.alpha is not None else []
     # Every method resumes the one warm-start with its own algorithm: the config's values win where the
     # checkpoint's saved ones differ (``--resume_with config``).
@@ -186,7 +197,8 @@ def main() -> None:
     parser.add_argument("--warmstart_override", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override of the warm-start only (repeatable), e.g. "
                              "data.explorer.init_args.reflection_transcript=full: its scripted reflections then "
-                             "show the reflector's full transcripts (r3l_reference's); use its own --out folder")
+                             "show the reflector's full transcripts (r3l_reference's); use its own --out folder. The RL "
+                             "arms take the data.demos ones too (demo_overrides)")
     parser.add_argument("--reuse_warmstart", action="store_true",
                         help="use warm-start checkpoints already in the log directory instead of training them")
     parser.add_argument("--reuse_results", nargs="+", default=[],

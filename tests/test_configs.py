@@ -432,9 +432,11 @@ def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    # --warmstart_override reaches the warm-start only.
+    # --warmstart_override reaches the warm-start only, but for data.demos (the demonstrations' schedule,
+    # which the config check reads against the warm-up length): the arms describe their warm-start.
     args = argparse.Namespace(recipe=str(path), warmup_steps=1, rl_steps=1, val_every=1, alpha=None, threads=0,
-                              reuse_warmstart=False, warmstart_override=["model.optim.sft_lr=0.0123"])
+                              reuse_warmstart=False,
+                              warmstart_override=["model.optim.sft_lr=0.0123", "data.demos.success_reflection_from_step=7"])
     checkpoint, warm = compare.warm_start(0, args, str(tmp_path))
     assert warm["step"] == 1
     warm_config = yaml.safe_load((tmp_path / "warmstart_seed0" / "version_0" / "config.yaml").read_text())
@@ -444,6 +446,8 @@ def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
     saved = yaml.safe_load((tmp_path / "rloo_seed0" / "version_0" / "config.yaml").read_text())
     assert saved["model"]["algorithm"]["advantage"] == "rloo"
     assert saved["model"]["optim"]["sft_lr"] != 0.0123
+    assert warm_config["data"]["demos"]["success_reflection_from_step"] == 7
+    assert saved["data"]["demos"]["success_reflection_from_step"] == 7
 
 
 def test_a_comparison_over_two_cores_reproduces_the_sequential_one(tmp_path, monkeypatch):

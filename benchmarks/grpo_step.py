@@ -63,11 +63,14 @@ TRL_VENV = HERE / ".venv-trl"
 SHAPE = dict(hidden_size=256, num_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=688)
 GROUP, TASKS, NEW_TOKENS, TEMPERATURE, LR, CLIP = 8, 8, 32, 1.0, 1e-6, 0.2
 PARTS = ("rollout", "reward", "experience", "train", "sync", "other")
-# Inside a part; r3lightning workers only. generate: the engine's calls inside rollout. Inside train:
-# reference (the no-grad pass for the KL reference's log-probs, and recomputed behaviour ones), loss (each
-# micro-batch's forward and loss), backward, update (gradient clipping, the optimizer step, the step's
-# metrics); what train spends beyond them is the experience's bookkeeping between those calls.
-SUBPARTS = ("generate", "reference", "loss", "backward", "update")
+# Sub-parts (r3lightning workers only), each inside one part: what the JSON's config says of each.
+SUBPARTS = {
+    "generate": "inside rollout: the engine's generate calls",
+    "reference": "inside train: the no-grad reference / behaviour log-prob pass",
+    "loss": "inside train: the micro-batches' forward and loss",
+    "backward": "inside train: the micro-batches' backward",
+    "update": "inside train: clipping, optimizer step, metrics",
+}
 TRAIN_SUBPARTS = {"reference": ("prefix_forward", "fill_logprobs"), "loss": (None, "micro_batch_loss"),
                   "backward": (None, "manual_backward"), "update": (None, "_finish_update")}
 
@@ -527,11 +530,7 @@ def main() -> None:
             "loss": "PPO-clip, token mean (TRL loss_type='dapo')", "threads": args.threads, "repeats": args.repeats,
             "steps_per_worker": args.steps, "warmup_steps_per_worker": args.warmup,
             "statistic": "per worker: median over its timed steps; reported: median over interleaved repeats",
-            "parts": list(PARTS), "subparts": {"generate": "inside rollout: the engine's generate calls (r3lightning only)",
-                         "reference": "inside train: the no-grad reference / behaviour log-prob pass (r3lightning only)",
-                         "loss": "inside train: the micro-batches' forward and loss (r3lightning only)",
-                         "backward": "inside train: the micro-batches' backward (r3lightning only)",
-                         "update": "inside train: clipping, optimizer step, metrics (r3lightning only)"},
+            "parts": list(PARTS), "subparts": {name: f"{what} (r3lightning only)" for name, what in SUBPARTS.items()},
         }
         document.setdefault("measurements", {})[args.label] = measurement
         document["machine"] = measurement["machine"]

@@ -5,13 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_hf(tmp_path: Path, beta: float) -> list[dict]:
-    out = tmp_path / f"beta{beta}.json"
+    out = tmp_path / "grpo_step.json"
     subprocess.run(
         [sys.executable, "-m", "benchmarks.grpo_step", "--variants", "hf", "--repeats", "1", "--steps", "2",
          "--warmup", "1", "--threads", "1", "--new-tokens", "8", "--beta", str(beta), "--out", str(out)],
@@ -20,7 +18,6 @@ def run_hf(tmp_path: Path, beta: float) -> list[dict]:
     return json.loads(out.read_text())["measurements"]["after"]["per_step"]["hf"][0]
 
 
-@pytest.mark.slow
 def test_train_sub_parts_are_recorded_inside_train_with_a_kl_reference(tmp_path):
     steps = run_hf(tmp_path, 0.04)
     assert len(steps) == 2

@@ -31,9 +31,10 @@ def numerics_fingerprint(threads: int, probe: Callable[[torch.Generator], list[t
     """16 hex digits hashing the exact bits ``probe`` computes from fixed inputs at ``threads`` torch
     threads (the caller's thread count is restored).
 
-    Two machines with equal fingerprints at a run's thread count sum these kernels in the same order;
-    where they differ, a seeded run's rounding differs from the first step and its curves drift apart
-    after a hundred or so steps, though the CPU's name, torch build and config are the same.
+    Where two machines' fingerprints at a run's thread count differ, a seeded run's rounding differs
+    from its first step and its curves drift apart after a hundred or so steps, though the CPU's name,
+    torch build and config are the same. Equal fingerprints are necessary for equal runs, not
+    sufficient: kernels outside the probe may still sum differently.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -30,12 +30,12 @@ def test_numerics_fingerprint_sees_another_summation_order():
         a, b = torch.randn(64, 256, generator=generator), torch.randn(256, 64, generator=generator)
         return [a @ b]
 
-    def halves(generator):
+    def two_parts(generator):
         a, b = torch.randn(64, 256, generator=generator), torch.randn(256, 64, generator=generator)
         return [a[:, :100] @ b[:100] + a[:, 100:] @ b[100:]]
 
-    assert torch.allclose(whole(torch.Generator().manual_seed(0))[0], halves(torch.Generator().manual_seed(0))[0], atol=1e-4)
-    assert numerics_fingerprint(1, whole) != numerics_fingerprint(1, halves)
+    assert torch.allclose(whole(torch.Generator().manual_seed(0))[0], two_parts(torch.Generator().manual_seed(0))[0], atol=1e-4)
+    assert numerics_fingerprint(1, whole) != numerics_fingerprint(1, two_parts)
 
 
 def test_machine_info_names_the_instruction_set_and_fingerprints():

@@ -11,6 +11,7 @@ from transformers import MistralConfig, MistralForCausalLM
 from r3lightning.training.models import TinyModelSpec, build_tiny_model
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.fused_step import (
+    FusedDecoder,
     family_rms_norm,
     fold_rotation_sign,
     fused_decode_unsupported,
@@ -73,6 +74,34 @@ def test_family_rms_norm_is_the_models_norm_to_the_bit(world_tokenizer, architec
         for rows in (1, 7, 64):
             x = (torch.randn(rows, 3, norm.weight.shape[0]) * 4).to(dtype)
             assert torch.equal(family_rms_norm(norm, x), norm(x))
+
+
+@pytest.mark.parametrize("hidden", [32, 64, 896, 3584])
+def test_float32_family_rms_norm_in_one_call_is_the_models_norm_to_the_bit_on_views_too(hidden):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    torch.manual_seed(hidden)
+    norm = Qwen2RMSNorm(hidden, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden))
+    wide = torch.randn(64, 3 * hidden) * 4
+    for x in (wide[:, :hidden], wide[:1, hidden : 2 * hidden], wide.view(64, 3, hidden)[:, 1:]):  # strided views
+        assert torch.equal(family_rms_norm(norm, x), norm(x))
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
+def test_queries_and_keys_rotated_in_place_of_the_projection_equal_rotating_their_copy_to_the_bit(world_tokenizer, architecture):
+    model = family_models(world_tokenizer)[architecture]
+    decoder = FusedDecoder(model)
+    attention, (heads, kv_heads, dim) = model.model.layers[0].self_attn, (decoder.heads, decoder.kv_heads, decoder.head_dim)
+    torch.manual_seed(0)
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * dim)
+    cos, sin = decoder.rotary(torch.arange(5), torch.float32)
+    query, key = qkv[:, : heads * dim].view(5, heads, dim), qkv[:, heads * dim : (heads + kv_heads) * dim].view(5, kv_heads, dim)
+    if architecture == "qwen3":
+        query, key = attention.q_norm(query), attention.k_norm(key)
+    copied = rotate(torch.cat([query, key], dim=1), cos, sin)
+    assert torch.equal(decoder.rotated_queries_and_keys(attention, qkv, cos, sin), copied)
 
 
 def test_padded_prefill_attention_is_causal_attention_over_each_rows_real_columns():

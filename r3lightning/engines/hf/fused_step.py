@@ -139,7 +139,11 @@ def family_rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)`` [..., hidden] for the family's RMSNorm modules, to the bit: x / rms(x) in float32,
     cast back, times the weight. ``F.rms_norm`` without a weight runs the same pow, mean, add, rsqrt
     and mul as the module's forward, but from C++ rather than one Python dispatch each (nine norms a
-    decoding step; ``fused_decode_unsupported`` checks the modules are the family's)."""
+    decoding step; ``fused_decode_unsupported`` checks the modules are the family's). In float32 the
+    casts are no-ops and the module's last product, x / rms(x) times the weight, is the one
+    ``F.rms_norm`` makes with the weight given: one call instead of four, to the bit."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight=norm.weight, eps=norm.variance_epsilon)
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
 
 
@@ -200,6 +204,17 @@ class FusedDecoder:
         cos = (angles.cos() * rotary.attention_scaling).to(dtype)[:, None]
         return cos, fold_rotation_sign((angles.sin() * rotary.attention_scaling).to(dtype)[:, None])
 
+    def rotated_queries_and_keys(self, attention: nn.Module, qkv: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
+        """Queries and keys [N, H + KVH, D] rotated, from the fused projection's output ``qkv``
+        [N, (H + 2 KVH) D] and ``rotary``'s cos and sine [N, 1, D]. They are adjacent in ``qkv``, so
+        one rotation of a view covers both, with no copy; qwen3 first normalizes each head."""
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        query_key = qkv[:, : (heads + kv_heads) * dim].view(-1, heads + kv_heads, dim)
+        if hasattr(attention, "q_norm"):
+            query_key = torch.cat([family_rms_norm(attention.q_norm, query_key[:, :heads]),
+                                   family_rms_norm(attention.k_norm, query_key[:, heads:])], dim=1)
+        return rotate(query_key, cos, folded_sin)
+
     def step(self, token_ids: torch.Tensor, positions: torch.Tensor, cache, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] of the next token after ``token_ids`` [B] at ``positions`` [B], whose keys and
         values are appended to ``cache`` (a ``DynamicCache`` holding every earlier column);
@@ -232,13 +247,8 @@ class FusedDecoder:
         for index, (layer, fused) in enumerate(zip(self.decoder.layers, self._weights)):
             attention, mlp = layer.self_attn, layer.mlp
             qkv = F.linear(family_rms_norm(layer.input_layernorm, hidden), fused.qkv_weight, fused.qkv_bias)
-            query = qkv[:, : heads * dim].view(rows, heads, dim)
-            key = qkv[:, heads * dim : (heads + kv_heads) * dim].view(rows, kv_heads, dim)
+            rotated = self.rotated_queries_and_keys(attention, qkv, cos, folded_sin)
             value = qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, 1, dim)
-            if hasattr(attention, "q_norm"):  # qwen3 normalizes each head before the rotation
-                query, key = family_rms_norm(attention.q_norm, query), family_rms_norm(attention.k_norm, key)
-            rotated = torch.cat([query, key], dim=1)  # one rotation for queries and keys
-            rotated = rotate(rotated, cos, folded_sin)
             keys, values = append(index, rotated[:, heads:, None], value)
             out = grouped_decode_attention(rotated[:, :heads], keys, values, attention_mask, self.scaling)
             hidden = residual_linear(hidden, out, attention.o_proj)
@@ -263,13 +273,8 @@ class FusedDecoder:
         for index, (layer, fused) in enumerate(zip(self.decoder.layers, self._weights)):
             attention, mlp = layer.self_attn, layer.mlp
             qkv = F.linear(family_rms_norm(layer.input_layernorm, hidden), fused.qkv_weight, fused.qkv_bias)
-            query = qkv[:, : heads * dim].view(rows * width, heads, dim)
-            key = qkv[:, heads * dim : (heads + kv_heads) * dim].view(rows * width, kv_heads, dim)
             value = qkv[:, (heads + kv_heads) * dim :].view(rows, width, kv_heads, dim).transpose(1, 2)
-            if hasattr(attention, "q_norm"):
-                query, key = family_rms_norm(attention.q_norm, query), family_rms_norm(attention.k_norm, key)
-            rotated = torch.cat([query, key], dim=1)
-            rotated = rotate(rotated, cos, folded_sin).view(rows, width, heads + kv_heads, dim).transpose(1, 2)
+            rotated = self.rotated_queries_and_keys(attention, qkv, cos, folded_sin).view(rows, width, heads + kv_heads, dim).transpose(1, 2)
             keys, values = cache.update(rotated[:, heads:], value, index)  # [B, KVH, L, D]; a cold cache gets its layers here
             if index < last:
                 out = padded_prefill_attention(rotated[:, :heads], keys, values, attended, self.scaling)

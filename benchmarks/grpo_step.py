@@ -16,7 +16,7 @@ Each variant runs in its own process (``--worker``, this file run with the measu
 ``PYTHONPATH``): ``hf`` and ``vllm`` train an
 ``R3LightningModule`` with a Lightning ``Trainer`` (no logger, no checkpoints, no progress bar);
 ``trl`` runs TRL's ``GRPOTrainer`` (``report_to="none"``, ``logging_steps=1``) in its own virtual
-environment (``benchmarks/.venv-trl``, created on first use with ``pip install torch==2.13.0 trl``;
+environment (``benchmarks/.venv-trl``, created on first use with ``pip install torch==2.13.0 trl==1.16.*``;
 skipped with a message when that fails). The model and tokenizer are written once to a temporary
 directory that every worker loads, so all three train the very same weights. Each worker plays
 ``--warmup`` steps, then times ``--steps`` steps; the per-step figure of a worker is the median of its
@@ -362,8 +362,9 @@ def ensure_trl_venv() -> tuple[str | None, str]:
     if python.exists() and subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode == 0:
         return str(python), "existing"
     try:
-        subprocess.run([sys.executable.replace(".venv/bin/python", ".venv/bin/python"), "-m", "venv", str(TRL_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "trl"], check=True, timeout=1800)
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+        # The TRL every figure in docs/results.md was measured against.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "trl==1.16.*"], check=True, timeout=1800)
         return str(python), "created"
     except Exception as err:  # noqa: BLE001
         return None, f"TRL could not be installed in {TRL_VENV}: {err!r}"

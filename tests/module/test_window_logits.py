@@ -87,3 +87,59 @@ def test_response_entropy_equals_the_full_forward_at_response_tokens(trained):
     response = experience.turn_index[:, 1:] >= 0
     assert response.any() and entropy.shape == full.shape
     torch.testing.assert_close(entropy[response], full[response], atol=1e-5, rtol=0)
+
+
+
+def _prefix_gradients(model, input_ids, attention_mask, start):
+    """The policy's gradients of a sum over ``window_logits`` at 2 torch threads."""
+    from r3lightning.training.forward import PrefixSharedForward
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model.zero_grad()
+        logits = PrefixSharedForward().window_logits(model, input_ids, attention_mask, start)
+        logits.logsumexp(-1).sum().backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_gradients_through_a_shared_prefix_are_the_same_bits_at_every_call_at_two_threads():
+    """The rows' gradients flow back into their shared prefix's keys and values. Summed by advanced
+    indexing's backward (an accumulating ``index_put_``) they came out in a different order from call to
+    call at 2 threads once the cache is large (here a 300-token prefix), so a 2-thread run was not
+    repeatable: the quickstart's first RL update differed every time it was resumed."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = Qwen2ForCausalLM(config).float()
+    prompts = torch.randint(1, 64, (4, 300)).repeat_interleave(8, dim=0)[torch.randperm(32)]
+    input_ids = torch.cat([prompts, torch.randint(1, 64, (32, 6))], dim=1)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[::3, -2:] = 0  # right padding on some rows
+    first = _prefix_gradients(model, input_ids, attention_mask, 300)
+    for _ in range(6):
+        assert torch.equal(_prefix_gradients(model, input_ids, attention_mask, 300), first)
+
+
+def test_the_prefix_gather_sums_rows_as_one_threads_indexing_did():
+    """``index_select``'s backward adds the rows of a prefix in row order, which is what indexing's
+    backward did at one thread: 1-thread runs keep their numbers to the bit."""
+    torch.manual_seed(0)
+    keys = torch.randn(5, 2, 300, 16)
+    row_of = torch.randint(0, 5, (32,))
+    upstream = torch.randn(32, 2, 300, 16)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gradients = []
+        for gather in (lambda k: k[row_of], lambda k: k.index_select(0, row_of)):
+            leaf = keys.clone().requires_grad_(True)
+            gather(leaf).backward(upstream)
+            gradients.append(leaf.grad)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(gradients[0], gradients[1])

@@ -71,8 +71,8 @@ class PrefixSharedForward:
                 cache = self._empty_shareable_cache(model)
                 if cache is not None:
                     model(input_ids=prefixes, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                    # index_select, not indexing: its backward sums each prefix's rows in row order, the
-                    # same bits at any thread count (indexing's accumulating backward did not at 2 threads).
+                    # index_select, not indexing: its backward adds each prefix's rows in row order at any
+                    # thread count; indexing's accumulating backward added them in arrival order at 2 threads.
                     for layer in cache.layers:
                         layer.keys, layer.values = layer.keys.index_select(0, row_of), layer.values.index_select(0, row_of)
                     self.forwarded += len(prefixes) * start + rows * (width - start)

@@ -1,6 +1,8 @@
 """The training forward computes logits only where a loss reads them, and encodes a prompt that rows
 share (a GRPO group's) once: the same log-probs, losses and gradients as one full forward per row."""
 
+import contextlib
+
 import pytest
 import torch
 from harness import module_and_data, quiet_trainer
@@ -89,20 +91,26 @@ def test_response_entropy_equals_the_full_forward_at_response_tokens(trained):
     torch.testing.assert_close(entropy[response], full[response], atol=1e-5, rtol=0)
 
 
+@contextlib.contextmanager
+def torch_threads(count):
+    """Run the block at ``count`` torch threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
 
 def _prefix_gradients(model, input_ids, attention_mask, start):
     """The policy's gradients of a sum over ``window_logits`` at 2 torch threads."""
     from r3lightning.training.forward import PrefixSharedForward
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         model.zero_grad()
         logits = PrefixSharedForward().window_logits(model, input_ids, attention_mask, start)
         logits.logsumexp(-1).sum().backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
-    finally:
-        torch.set_num_threads(previous)
 
 
 def test_gradients_through_a_shared_prefix_are_the_same_bits_at_every_call_at_two_threads():
@@ -132,14 +140,10 @@ def test_the_prefix_gather_sums_rows_as_one_threads_indexing_did():
     keys = torch.randn(5, 2, 300, 16)
     row_of = torch.randint(0, 5, (32,))
     upstream = torch.randn(32, 2, 300, 16)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        gradients = []
+    gradients = []
+    with torch_threads(1):
         for gather in (lambda k: k[row_of], lambda k: k.index_select(0, row_of)):
             leaf = keys.clone().requires_grad_(True)
             gather(leaf).backward(upstream)
             gradients.append(leaf.grad)
-    finally:
-        torch.set_num_threads(previous)
     assert torch.equal(gradients[0], gradients[1])

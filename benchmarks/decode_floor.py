@@ -5,8 +5,9 @@
 On the GRPO benchmark's model (``grpo_step.write_model``: 4 layers, hidden 256, vocabulary 860) one eager
 decoding step (``FusedDecoder.step``, the default engine's) is timed at the rollout's 64 rows and at 1
 row, and so are its 17 matmuls alone, replayed back to back on the decoder's own weights with the
-step's calls (``F.linear`` / ``addmm``) and shapes. Every step is two things in sequence on the
-calling thread: dispatching its operations, then their kernels. So
+step's calls (``F.linear`` / ``addmm``) and shapes. A step's operations run one after another, each
+dispatched and then its kernel run (on every thread where it parallelizes) while the caller waits,
+so the two costs add:
 
 - ``fixed`` = step at 1 row - matmuls at 1 row: dispatch, Python and the non-matmul kernels at 1
   row (all of which a 64-row step also pays, and more);

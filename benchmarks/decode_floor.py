@@ -65,14 +65,6 @@ def seconds_per_call(run, calls: int = STEPS) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def step_flops(model, rows: int) -> float:
-    """2 x (parameters in the step's matmuls: every 2-d weight but the embedding, plus the tied LM head) x rows."""
-    matmul = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name)
-    if model.config.tie_word_embeddings:
-        matmul += model.get_input_embeddings().weight.numel()
-    return 2.0 * matmul * rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -84,7 +76,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from benchmarks.grpo_step import write_model
-    from benchmarks.rollout_throughput import matmul_rate
+    from benchmarks.rollout_throughput import decode_step_flops, matmul_rate
     from r3lightning.engines.hf.fused_step import FusedDecoder
 
     torch.set_num_threads(args.threads)
@@ -93,7 +85,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
     decoder = FusedDecoder(model)
     decoder.refresh(("benchmark",))
-    flops = step_flops(model, 64)
+    flops = decode_step_flops(model, 64, context=0)  # the matmuls only, as the limit counts them
     per_repeat: list[dict] = []
     with torch.no_grad():
         for _ in range(args.repeats):

@@ -1,5 +1,5 @@
-"""benchmarks/decode_floor.py: its matmul replay runs the very matmuls of an eager decoding step, and its
-FLOP count is theirs, so the floor it reports bounds that step."""
+"""benchmarks/decode_floor.py: its matmul replay runs the very matmuls of an eager decoding step, and the
+FLOP count it uses (``decode_step_flops`` without attention) is theirs, so the floor it reports bounds that step."""
 
 from collections import Counter
 
@@ -8,7 +8,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from benchmarks.decode_floor import step_flops, step_matmuls
+from benchmarks.decode_floor import step_matmuls
+from benchmarks.rollout_throughput import decode_step_flops
 from r3lightning.engines.hf.fused_step import FusedDecoder
 from r3lightning.engines.hf.kv_cache import growing_cache
 
@@ -58,4 +59,4 @@ def test_the_flop_count_is_the_replayed_matmuls(decoder):
     with MatmulRecorder() as recorder, torch.no_grad():
         step_matmuls(decoder, 7)()
     counted = sum(2 * m * k * n * times for (_, (m, k, n)), times in recorder.calls.items())
-    assert step_flops(decoder.model, 7) == counted
+    assert decode_step_flops(decoder.model, 7, context=0) == counted

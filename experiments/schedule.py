@@ -5,7 +5,7 @@ A tiny policy's matmuls are too small for a second thread to pay (two 1-thread r
 more done than one 2-thread run), and a run's results depend on its thread count, not on what runs
 beside it, so a comparison scheduled this way reproduces a sequential one run for run. The threads
 running at once never exceed the cores: two 2-thread torch processes on 2 cores wait on each other's
-threads and ran 7-10x slower each (docs/r3l.md).
+threads and ran 7-10x slower each (benchmarks/results/NOTEBOOK.md).
 """
 
 from __future__ import annotations

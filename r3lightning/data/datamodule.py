@@ -103,25 +103,18 @@ class DemoConfig:
             reflection sample has an injected mistake, so at 0 the policy never learns to call an
             episode a success: R³L then retries every episode and ``train_success_judgments`` has
             nothing to train. It also changes when a tiny policy learns to act on the goal during the
-            warm-start: from the first step any share cost seeds of the difficulty-2 recipe their
-            acting skill, so that recipe teaches 0.5 from step 480 (``success_reflection_from_step``;
-            docs/r3l.md, "Success judgments in the warm-start" and "Which label the policy gives its
-            successes").
+            warm-start, so a recipe can teach it late (``success_reflection_from_step``). The runs
+            behind the recipes' shares: benchmarks/results/NOTEBOOK.md.
         success_reflection_from_step: the warm-start step from which ``success_reflection_share``
             applies (0: from the first). The steps before it play no clean episode and are exactly a
             share-0 run's steps (the same random stream), so the policy learns to act first and to
-            judge success after. At difficulty 2 over 5 seeds, from step 480 of a 600-step warm-start:
-            acting kept on every seed, judgments fired on 3 at share 0.25 and on 5 at 0.5; the
-            quickstart teaches 0.25 from step 140 of 210 (docs/r3l.md, "Which label the policy gives
-            its successes" and "The quickstart teaches the judgment late").
+            judge success after.
         alternative_guidance_share: with ``reflections``, the share of guided-retry samples whose
             guidance names a random other admissible action at the pivot instead of the expert's, the
             retry taking it and the expert continuing after it. The expert's own suggestion names the
             action the observation already implies, so the policy can fit every retry sample without
-            reading the guidance, and then ignores it (with the diagnostician's guidance, the d2
-            warm-start's policy took the suggested action in 17-19% of retries; docs/r3l.md, "The
-            oracle arm"). Measured at difficulty 2 over 3 warm-start seeds: a named alternative is
-            taken 4.9% of the time at 0 and 21.1% at 0.5 (docs/r3l.md, "The guidance probe"). Logged
+            reading the guidance, and then ignores it (measured: benchmarks/results/NOTEBOOK.md, "The
+            oracle arm" and "The guidance probe"). Logged
             per warm-start step: ``warmstart/alternative_guidance_samples`` and, for draws that fell
             back to the expert's suggestion, ``warmstart/alternative_guidance_unavailable``. 0 keeps
             the expert's suggestion everywhere.

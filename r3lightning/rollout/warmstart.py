@@ -61,7 +61,7 @@ def scripted_reflection_samples(
     With probability ``alternative_share`` a retry sample's guidance names another admissible action
     at the pivot instead of the expert's (``_alternative_guidance``), and the retry takes it before the
     expert continues. The diagnostician's guidance names the action the observation already implies, so
-    a policy can fit those retries without reading the guidance, and then ignores it in RL (docs/r3l.md,
+    a policy can fit those retries without reading the guidance, and then ignores it in RL (benchmarks/results/NOTEBOOK.md,
     "The oracle arm"); an alternative can only be predicted from the guidance. ``counts`` (when given)
     gets ``alternative_guidance`` for every such sample and ``alternative_unavailable`` for every draw
     that fell back to the expert's guidance (no other admissible action, or none the expert can finish

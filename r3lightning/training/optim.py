@@ -24,7 +24,8 @@ class OptimConfig:
         micro_batch_size: sequences per forward/backward pass.
         lr_decay: learning-rate shape after each phase's warm-up: ``constant`` or ``cosine`` (down to
             ``min_lr_ratio`` of the phase's rate at the phase's last step; needs ``trainer.max_steps``).
-            In the quickstart's setting it stopped a late collapse of the RL phase (docs/results.md).
+            In the quickstart's setting it stopped a late collapse of the RL phase
+            (benchmarks/results/NOTEBOOK.md).
         min_lr_ratio: floor of the cosine decay, as a fraction of the phase's rate, in [0, 1].
     """
 

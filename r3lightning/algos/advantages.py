@@ -11,7 +11,6 @@ from typing import Literal
 
 import torch
 
-AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "opmd", "reinforce", "raft"]
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "opmd", "reinforce", "raft")
 
 

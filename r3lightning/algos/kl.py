@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-
-KLEstimator = Literal["k1", "k2", "k3"]
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

@@ -8,12 +8,10 @@ matter how the batch was split.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 
-PolicyLossKind = Literal["pg", "ppo_clip", "gspo"]
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 POLICY_LOSSES: tuple[str, ...] = ("pg", "ppo_clip", "gspo")
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 

@@ -58,7 +58,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 import r3lightning  # noqa: E402
-from benchmarks.machine_info import machine_info  # noqa: E402
+from scripts.machine_info import machine_info  # noqa: E402
 from benchmarks.timing import time_calls  # noqa: E402
 from r3lightning.data.datamodule import corpus_from_suite  # noqa: E402
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite  # noqa: E402

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 from benchmarks.recipe_run import scalars
 
 MACHINE_TAG_PREFIXES = ("time/", "memory/")

@@ -94,7 +94,7 @@ def main() -> None:
     for kind in ("cold", "warm"):
         figures[f"{kind}_first_call_extra_in_steady_calls_median"] = round(statistics.median(
             (r["first_call_s"] - r["steady_call_s"]) / r["steady_call_s"] for r in runs[kind]), 1)
-    from benchmarks.machine_info import machine_info
+    from scripts.machine_info import machine_info
 
     record = {
         "benchmark": "compile_cache",

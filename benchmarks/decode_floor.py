@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.fused_step_ab import STEPS, decode
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 
 
 def step_matmuls(decoder, rows: int):

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 
 WIDTH, STEPS = 20, 32
 

@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from benchmarks.machine_info import machine_info  # noqa: E402
+from scripts.machine_info import machine_info  # noqa: E402
 
 BASELINE_TOKENS_PER_S = 1502.8  # hf engine, batch 128, H200, before the compiled path (rollout_throughput_gpu.json)
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}

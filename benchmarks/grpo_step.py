@@ -426,7 +426,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    from benchmarks.machine_info import machine_info
+    from scripts.machine_info import machine_info
 
     errors: list[str] = []
     pythons = {"hf": sys.executable, "vllm": sys.executable}

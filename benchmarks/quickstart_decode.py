@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 from benchmarks.recipe_run import scalars
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.machine_info import machine_info  # noqa: E402
+from scripts.machine_info import machine_info  # noqa: E402
 
 SPLIT_TAGS = ("time/step_s", "time/rollout_s", "time/train_s")
 

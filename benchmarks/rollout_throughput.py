@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from benchmarks.machine_info import machine_info  # noqa: E402
+from scripts.machine_info import machine_info  # noqa: E402
 
 from r3lightning.training.models import build_tokenizer  # noqa: E402
 from r3lightning.engines.base import SamplingParams  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 from scripts.worktrees import add_worktree, remove_worktree
 
 TEST_COMMAND = ["-m", "pytest", "-m", "not slow and not gpu", "-q", "-p", "no:cacheprovider"]

@@ -107,7 +107,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from benchmarks.grpo_step import write_model
-    from benchmarks.machine_info import machine_info
+    from scripts.machine_info import machine_info
     from r3lightning.algos.logprobs import entropy_from_logits, selective_log_softmax
 
     torch.set_num_threads(args.threads)

@@ -28,7 +28,7 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 from experiments.schedule import Job, available_cores, run_jobs
 
 # Every preset is an arm; the default comparison is R³L's (paper, reference code, baselines, ablations).

@@ -48,7 +48,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 from experiments.schedule import Job, available_cores, run_jobs
 
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"

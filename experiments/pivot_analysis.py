@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import lightning as L
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 
 
 class PivotRecorder(L.Callback):

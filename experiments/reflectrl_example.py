@@ -25,7 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 
 EXPERT_YAML = ROOT / "configs" / "examples" / "reflectrl_expert_arithmetic_cpu.yaml"
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"

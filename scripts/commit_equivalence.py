@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 from scripts.refactor_equivalence import compare, read_scalars
 from scripts.worktrees import add_worktree, remove_worktree
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.machine_info import machine_info
+from scripts.machine_info import machine_info
 
 MACHINE_PREFIXES = ("time/", "perf/", "memory/")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]

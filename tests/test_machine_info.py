@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from benchmarks.machine_info import machine_info, numerics_fingerprint
+from scripts.machine_info import machine_info, numerics_fingerprint
 
 
 def test_numerics_fingerprint_is_stable_and_leaves_the_thread_count_alone():
@@ -19,7 +19,7 @@ def test_numerics_fingerprint_is_stable_and_leaves_the_thread_count_alone():
 def test_numerics_fingerprint_is_the_same_in_another_process():
     # The same machine, build and thread count must agree across processes, or the fingerprint could
     # not tell machines apart from noise.
-    code = "from benchmarks.machine_info import numerics_fingerprint; print(numerics_fingerprint(threads=1))"
+    code = "from scripts.machine_info import numerics_fingerprint; print(numerics_fingerprint(threads=1))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert other == numerics_fingerprint(threads=1)
 

@@ -57,8 +57,10 @@ class Environment(Protocol):
     """One episode at a time; create one instance per concurrent episode via ``TaskSuite.make_env``.
 
     ``StepResult.info`` keys the framework reads: ``feedback`` (str), ``success`` (bool, on the final
-    step), ``admissible_actions`` (list[str], optional), ``invalid_action`` (bool, optional) and
-    ``reward_error`` (bool: the verifier raised or timed out; the sample is masked and counted).
+    step), ``admissible_actions`` (list[str], optional), ``invalid_action`` (bool, optional),
+    ``reward_error`` (bool: the verifier raised or timed out; the sample is masked and counted) and
+    ``partial_credit`` (float in [0, 1], optional, on the final step: how close a failed answer came;
+    read only by R³'s premise gate, ``Trajectory.partial_credit``).
     """
 
     def reset(self, task: Task) -> str:
@@ -103,6 +105,12 @@ class TaskSuite(abc.ABC):
     def demonstration(self, task: Task) -> Optional[list[str]]:
         """Expert actions (one per turn) for SFT warm-start, or None when there is no expert."""
 
+    def feedback_texts(self) -> tuple[str, ...]:
+        """Every feedback text the environment writes after an answer that does not end the episode in
+        success (default: none declared). The in-context setup check budgets the longest of them for the
+        past attempt's feedback; without any it budgets ``(no feedback)``."""
+        return ()
+
     def diagnose(self, task: Task, actions: list[str], feedbacks: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
         """A scripted reflection in the R³L JSON format for a played trajectory, or None (default)
         when the suite has no diagnostician. Used for reflective SFT warm-start data."""
@@ -111,3 +119,7 @@ class TaskSuite(abc.ABC):
     def expert_continuation(self, task: Task, prefix_actions: list[str]) -> Optional[list[str]]:
         """Expert actions that finish ``task`` after ``prefix_actions``, or None (default)."""
         return None
+
+    def describe(self) -> str:
+        """How errors name the suite and the user code its environments call (default: the class name)."""
+        return type(self).__name__

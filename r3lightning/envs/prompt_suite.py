@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
+import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -25,6 +28,9 @@ PROMPT_SCHEMES = ("jsonl:<path>", "parquet:<path>", "hf:<local dataset directory
 CHAT_ROLES = ("system", "user", "assistant")
 RESERVED_COLUMNS = ("completion",)
 """Column names that would collide with the keyword arguments the reward functions receive."""
+PROBE_TIMEOUT_S = 10.0
+"""How long the set-up call of each reward function on the first row may take before set-up goes on
+without its value (a slow function is then judged by the run's own calls, under ``agent.step_timeout_s``)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,8 @@ class RewardFunction:
 def load_function(spec: str, key: str = "data.suite.init_args.reward_fn") -> Callable[..., Any]:
     """The function ``spec`` names: ``package.module:function`` (imported like ``python -m`` would: ``r3l``
     puts the working directory on ``sys.path``) or ``path/to/file.py:function``. Raises ValueError naming
-    ``key`` and ``spec`` when it cannot be found or is not callable."""
+    ``key`` and ``spec`` when it cannot be found or is not callable, or when its module does not import
+    (a syntax error or an exception at import: the error, the module's file and line)."""
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"{key}: {spec!r} is not 'package.module:function' or 'path/to/file.py:function'")
@@ -66,10 +73,30 @@ def load_function(spec: str, key: str = "data.suite.init_args.reward_fn") -> Cal
             module = importlib.import_module(module_name)
     except (ImportError, OSError) as error:
         raise ValueError(f"{key}: cannot import {module_name!r} for {spec!r}: {error}") from error
+    except Exception as error:  # noqa: BLE001 - the user's module failed while it ran: say where
+        raise ValueError(
+            f"{key}: cannot import {module_name!r} for {spec!r}: {type(error).__name__}: {_error_text(error)} "
+            f"({_error_place(error)})"
+        ) from error
     fn = getattr(module, attribute, None)
     if not callable(fn):
         raise ValueError(f"{key}: {module_name!r} has no function {attribute!r} (from {spec!r})")
     return fn
+
+
+def _error_text(error: BaseException) -> str:
+    return error.msg if isinstance(error, SyntaxError) and error.msg else str(error)
+
+
+def _error_place(error: BaseException) -> str:
+    """``file, line N``: of a syntax error, or of the module's own top-level statement that raised (the
+    first frame past this function and the import machinery)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}, line {error.lineno}"
+    frames = traceback.extract_tb(error.__traceback__)[1:]
+    own = [f for f in frames if not f.filename.startswith("<frozen") and "importlib" not in f.filename]
+    frame = (own or frames or traceback.extract_tb(error.__traceback__))[0]
+    return f"{frame.filename}, line {frame.lineno}"
 
 
 def read_rows(source: str, hf_split: str = "train") -> list[dict[str, Any]]:
@@ -124,6 +151,31 @@ def prompt_row(row: Any, index: int, prompt_column: str, origin: str) -> PromptR
     return PromptRow(index, prompt[-1]["content"], history, row)
 
 
+def reward_number(value: Any) -> tuple[Optional[float], str]:
+    """``(float, "")`` for a reward function's value that is a finite real number (an int, a float, a
+    numpy scalar) or a one-element tensor or array holding one; ``(None, what is wrong)`` otherwise.
+    ``bool`` is refused: ``True``/``False`` is more often a check returned by mistake than a score, and
+    ``float(correct)`` says which it is."""
+    if hasattr(value, "item") and not isinstance(value, numbers.Real):
+        size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)  # torch, numpy
+        if size != 1:
+            return None, f"a {type(value).__name__} of {size} elements, not one number"
+        value = value.item()
+    if isinstance(value, bool):
+        return None, f"a bool; return float({value}) if a check is the score"
+    if isinstance(value, str):
+        return None, "text, not a number; return float(...)"
+    if not isinstance(value, numbers.Real):
+        return None, f"a {type(value).__name__}, not a number"
+    if not math.isfinite(value):
+        return None, "not finite"
+    return float(value), ""
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised or returned something that is not a finite number (the sample is masked)."""
+
+
 class PromptEnv:
     """One answer per episode, scored by the reward functions: ``sum(weight * fn(completion=action,
     prompt=<the prompt column's value>, **row))``. Success: the reward reaches ``success_reward``."""
@@ -138,24 +190,74 @@ class PromptEnv:
 
     def step(self, action: str) -> StepResult:
         """Score ``action`` (the whole response). A function that raises or returns something other
-        than a number raises here; the agent loop masks the sample and counts it."""
+        than a finite number (``reward_number``) raises ``RewardFunctionError`` naming it, the row and the
+        error; the agent loop masks the sample and counts it."""
         if self._task is None:
             raise RuntimeError("PromptEnv.step() called with no episode running; call reset(task) first")
         task, self._task = self._task, None
         row = task.data["row"]
         arguments = {**row, "prompt": row[self.prompt_column], "completion": action}
         total, parts = 0.0, {}
+        where = f"row {task.data['row_number']} of {task.data['origin']} (task {task.task_id!r})"
         for reward in self.rewards:
-            value = reward.fn(**arguments)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise ValueError(
-                    f"reward_fn {reward.name!r} returned {value!r} for task {task.task_id!r}; it must return a finite float"
+            try:
+                value = reward.fn(**arguments)
+            except Exception as err:  # noqa: BLE001 - the user's function: masked, named, counted
+                raise RewardFunctionError(f"reward_fn {reward.name!r} raised {type(err).__name__}: {err} on {where}") from err
+            number, problem = reward_number(value)
+            if number is None:
+                raise RewardFunctionError(
+                    f"reward_fn {reward.name!r} returned {value!r} on {where}: {problem}; it must return a finite float"
                 )
-            parts[reward.name] = float(value)
-            total += reward.weight * float(value)
+            parts[reward.name] = number
+            total += reward.weight * number
         feedback = f"Reward: {total:g}."
         info = {"feedback": feedback, "success": total >= self.success_reward, "rewards": parts}
         return StepResult(feedback, total, True, info)
+
+
+def check_reward_functions(
+    rewards: tuple[RewardFunction, ...], row: PromptRow, prompt_column: str, origin: str, demo_column: Optional[str]
+) -> None:
+    """Check every reward function on a real row (``row``, the file's first) before any training: its
+    signature must take ``fn(completion=..., prompt=..., **row)`` with this row's columns, and one call
+    (the completion is the row's ``demo_column`` value, else the empty string) must give a finite number
+    (``reward_number``). A call that raises or takes longer than ``PROBE_TIMEOUT_S`` is not judged here:
+    an empty answer may fairly fail, and the run masks, counts and (when every call of a step fails)
+    stops on such calls. Raises ValueError naming the function, the row and what to change."""
+    completion = str(row.row[demo_column]) if demo_column is not None else ""
+    arguments = {**row.row, "prompt": row.row[prompt_column], "completion": completion}
+    where = f"row {row.index + 1} of {origin} (columns {sorted(row.row)})"
+    for reward in rewards:
+        key = f"data.suite.init_args.reward_fn {reward.name!r}"
+        try:
+            inspect.signature(reward.fn).bind(**arguments)
+        except TypeError as err:
+            name = getattr(reward.fn, "__name__", "reward")
+            raise ValueError(
+                f"{key} cannot be called as fn(completion=..., prompt=..., **row) with {where}: {err}; "
+                f"take every column, e.g. def {name}(completion, **row)"
+            ) from None
+        except ValueError:
+            pass  # no signature to read (a builtin): the call below tells
+        outcome: dict[str, Any] = {}
+
+        def probe(fn=reward.fn) -> None:
+            try:
+                outcome["value"] = fn(**arguments)
+            except Exception:  # noqa: BLE001 - judged by the run's own calls (see above)
+                pass
+
+        worker = threading.Thread(target=probe, daemon=True, name="r3l-reward-probe")
+        worker.start()
+        worker.join(PROBE_TIMEOUT_S)
+        if "value" in outcome:
+            number, problem = reward_number(outcome["value"])
+            if number is None:
+                raise ValueError(
+                    f"{key} returned {outcome['value']!r} on {where} with completion {completion!r}: {problem}; "
+                    "it must return a finite float"
+                )
 
 
 class PromptSuite(TaskSuite):
@@ -220,6 +322,8 @@ class PromptSuite(TaskSuite):
             missing = next((r for r in rows if demo_column not in r.row), None)
             if missing is not None:
                 raise ValueError(f"{origin}: row {missing.index + 1} has no {demo_column!r} column (demo_column)")
+        self._origin = origin
+        check_reward_functions(self.rewards, rows[0], prompt_column, origin, demo_column)
         self._split = FiniteSplit(rows, num_val_tasks, seed, origin)
 
     def make_env(self) -> PromptEnv:
@@ -238,11 +342,15 @@ class PromptSuite(TaskSuite):
             return None
         return [str(task.data["row"][self.demo_column])]
 
+    def describe(self) -> str:
+        names = ", ".join(repr(r.name) for r in self.rewards)
+        return f"PromptSuite ({self.source}, reward_fn {names})"
+
     def _task(self, row: PromptRow, split: str) -> Task:
         return Task(
             task_id=f"{self.source}#row{row.index}",
             prompt=row.user_message,
-            data={"row": row.row, "split": split},
+            data={"row": row.row, "split": split, "row_number": row.index + 1, "origin": self._origin},
             history=list(row.history) or None,
         )
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from r3lightning.envs import PromptSuite
-from r3lightning.envs.prompt_suite import load_function
+from r3lightning.envs.prompt_suite import RewardFunctionError, load_function
 from r3lightning.rollout.chat import ChatFormatter
 
 REWARDS = '''
@@ -27,8 +27,10 @@ def task_dir(tmp_path, monkeypatch):
     (tmp_path / "ptask_rewards.py").write_text(REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # a module rewritten within a second is read again
     yield tmp_path
-    sys.modules.pop("ptask_rewards", None)
+    for name in [m for m in sys.modules if m.startswith("ptask_") or m in BROKEN_MODULES]:
+        sys.modules.pop(name)
 
 
 def write_jsonl(path, rows):
@@ -126,10 +128,82 @@ def test_bad_rows_and_reward_names_are_refused_naming_what_to_fix(task_dir, rows
 
 
 def test_a_reward_that_is_not_a_number_is_an_error_the_loop_masks(task_dir):
-    (task_dir / "ptask_text.py").write_text("def f(completion, **row):\n    return 'good'\n")
+    """A function that passes set-up's check but returns text on some answer: that call raises
+    ``RewardFunctionError`` naming the function and the row (the agent loop masks the sample)."""
+    (task_dir / "ptask_text.py").write_text("def f(completion, **row):\n    return 'good' if completion else 0.0\n")
     write_jsonl(task_dir / "tasks.jsonl", [{"prompt": "q"}])
     suite = PromptSuite("jsonl:tasks.jsonl", "ptask_text:f", num_val_tasks=0)
     env = suite.make_env()
     env.reset(suite.train_task(0))
-    with pytest.raises(ValueError, match="returned 'good'.*finite float"):
+    with pytest.raises(RewardFunctionError, match="reward_fn 'ptask_text:f' returned 'good' on row 1 of tasks.jsonl.*finite float"):
+        env.step("x")
+
+
+BROKEN_MODULES = {
+    "syntax_err": ("def reward(completion, **row)\n    return 1.0\n", r"SyntaxError: expected ':' \(.*syntax_err.py, line 1\)"),
+    "raises_at_import": (
+        "import os\n\nif 'REWARD_API_KEY' not in os.environ:\n    raise RuntimeError('config not found: REWARD_API_KEY')\n",
+        r"RuntimeError: config not found: REWARD_API_KEY \(.*raises_at_import.py, line 4\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_MODULES))
+@pytest.mark.parametrize("by_path", [False, True])
+def test_a_reward_module_that_does_not_import_is_one_error_naming_its_file_and_line(task_dir, name, by_path):
+    text, message = BROKEN_MODULES[name]
+    (task_dir / f"{name}.py").write_text(text)
+    write_jsonl(task_dir / "tasks.jsonl", [{"prompt": "q"}])
+    spec = f"{task_dir / name}.py:reward" if by_path else f"{name}:reward"
+    with pytest.raises(ValueError, match=r"data.suite.init_args.reward_fn: cannot import .*" + message):
+        PromptSuite("jsonl:tasks.jsonl", spec, num_val_tasks=0)
+
+
+SETUP_REFUSALS = {
+    "def wrong_signature(text):\n    return 1.0\n": "cannot be called as fn\\(completion=..., prompt=..., \\*\\*row\\) with row 1 of tasks.jsonl.*missing a required argument: 'text'",
+    "def reward(completion, answer):\n    return 1.0\n": "cannot be called .*unexpected keyword argument 'prompt'.*def reward\\(completion, \\*\\*row\\)",
+    "def reward(completion, **row):\n    return None\n": "returned None on row 1 of tasks.jsonl .*a NoneType, not a number",
+    "def reward(completion, **row):\n    return '0.5'\n": "returned '0.5' on row 1.*text, not a number",
+    "def reward(completion, **row):\n    return float('nan')\n": "returned nan on row 1.*not finite",
+    "def reward(completion, **row):\n    return float('inf')\n": "returned inf on row 1.*not finite",
+    "def reward(completion, **row):\n    return completion == row['answer']\n": "returned False on row 1.*a bool; return float\\(False\\)",
+    "import torch\ndef reward(completion, **row):\n    return torch.ones(2)\n": "returned tensor.*a Tensor of 2 elements",
+}
+
+
+@pytest.mark.parametrize("source", sorted(SETUP_REFUSALS))
+def test_reward_functions_are_checked_at_setup_on_the_first_row(task_dir, source):
+    """Signature and return value are checked on a real row before any training: refused with the
+    function's name, the row and what to change."""
+    (task_dir / "ptask_setup.py").write_text(source)
+    write_jsonl(task_dir / "tasks.jsonl", [{"prompt": "q", "answer": "7"}, {"prompt": "r", "answer": "8"}])
+    with pytest.raises(ValueError, match="data.suite.init_args.reward_fn 'ptask_setup:[a-z_]+' " + SETUP_REFUSALS[source]):
+        name = source.split("def ")[1].split("(")[0]
+        PromptSuite("jsonl:tasks.jsonl", f"ptask_setup:{name}", num_val_tasks=0)
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\ndef reward(completion, **row):\n    return torch.tensor(0.5)\n",
+    "import numpy\ndef reward(completion, **row):\n    return numpy.float32(0.5)\n",
+    "def reward(completion, **row):\n    return 1 // 2 + 0.5\n",
+])
+def test_a_reward_that_converts_cleanly_to_a_number_is_taken(task_dir, source):
+    (task_dir / "ptask_convert.py").write_text(source)
+    write_jsonl(task_dir / "tasks.jsonl", [{"prompt": "q"}])
+    suite = PromptSuite("jsonl:tasks.jsonl", "ptask_convert:reward", num_val_tasks=0)
+    env = suite.make_env()
+    env.reset(suite.train_task(0))
+    assert env.step("x").reward == 0.5
+
+
+def test_a_function_that_raises_passes_setup_and_each_failing_call_names_it_the_row_and_the_error(task_dir):
+    """An empty answer may fairly fail, so set-up's call does not judge an exception; the run does."""
+    (task_dir / "ptask_raises.py").write_text("def reward(completion, **row):\n    raise KeyError('score')\n")
+    write_jsonl(task_dir / "tasks.jsonl", [{"prompt": "q"}, {"prompt": "r"}])
+    suite = PromptSuite("jsonl:tasks.jsonl", "ptask_raises:reward", num_val_tasks=0)
+    assert "reward_fn 'ptask_raises:reward'" in suite.describe()
+    env = suite.make_env()
+    task = suite.train_task(0)
+    env.reset(task)
+    with pytest.raises(RewardFunctionError, match=rf"reward_fn 'ptask_raises:reward' raised KeyError: 'score' on row \d of tasks.jsonl \(task '{task.task_id}'\)"):
         env.step("x")

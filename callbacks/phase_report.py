@@ -65,11 +65,13 @@ class SeedSpread:
     [0, 1], one per run.
 
     Args:
+        before_training_greedy: greedy validation success of the model as loaded, per run.
         after_warmup_greedy: greedy validation success after the warm-start, per run.
         after_rl_greedy: greedy validation success at the end of the run, per run, in the same order.
         source: where they were measured (the document, the seeds, the thread counts, the machines).
     """
 
+    before_training_greedy: list[float] = field(default_factory=list)
     after_warmup_greedy: list[float] = field(default_factory=list)
     after_rl_greedy: list[float] = field(default_factory=list)
     source: str = ""
@@ -91,6 +93,10 @@ class PhaseReport(L.Callback):
     ``<log_dir>/validation_step<N>.json`` and ``.md``: the suite, the number of tasks and samples per
     task, the sampling settings and every ``val/*`` figure (greedy pass@1, pass@k, mean@n, reward,
     response length, truncation), the markdown as a table.
+
+    With ``trainer.num_sanity_val_steps: -1`` Lightning's sanity check validates the whole set before
+    the first step; that validation is kept as the model ``before training`` (step 0, phase
+    ``initial``), logged at step 0, and printed first.
 
     At the end of ``fit`` the summary names the last validation of the warm-up phase (the one run at
     the step where RL begins) and the last validation overall, plus the mean over RL steps of the
@@ -150,13 +156,20 @@ class PhaseReport(L.Callback):
             self._val_tasks = int(trainer.strategy.reduce(count, reduce_op="sum"))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or getattr(pl_module, "skips_validation", False):
+        if getattr(pl_module, "skips_validation", False):
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        warmup_steps = getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0)
-        step = self._step(trainer)
-        phase = "warmup" if step <= warmup_steps and warmup_steps > 0 else "rl"
-        self.records.append({"step": step, "phase": phase, **metrics})
+        if trainer.sanity_checking:
+            if not _whole_sanity_check(trainer) or trainer.global_step > 0 or not metrics:
+                return
+            # The model as it starts: Lightning neither logs nor keeps a sanity check's figures.
+            phase = "initial"
+            if trainer.logger is not None:
+                trainer.logger.log_metrics(metrics, step=0)
+        else:
+            warmup_steps = getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0)
+            phase = "warmup" if self._step(trainer) <= warmup_steps and warmup_steps > 0 else "rl"
+        self.records.append({"step": self._step(trainer), "phase": phase, **metrics})
         if trainer.is_global_zero:
             self.last_validation_file = self.write_validation(trainer, self.records[-1])
             if not _fitting(trainer):
@@ -191,7 +204,9 @@ class PhaseReport(L.Callback):
     # ---- end of fit --------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         warmup = [r for r in self.records if r["phase"] == "warmup"]
+        initial = [r for r in self.records if r["phase"] == "initial"]
         return {
+            "before_training": initial[0] if initial else None,
             "after_warmup": warmup[-1] if warmup else None,
             "final": self.records[-1] if self.records else None,
             "rl_rollout_means": self.rollout_means(),
@@ -216,6 +231,7 @@ class PhaseReport(L.Callback):
         lines = ["[r3lightning] validation success rate (greedy / sampled):"]
         spread = self.seed_spread or SeedSpread()
         for label, record, known in (
+            ("before training", summary["before_training"], spread.before_training_greedy),
             ("after warm-start", summary["after_warmup"], spread.after_warmup_greedy),
             ("after RL", summary["final"], spread.after_rl_greedy),
         ):
@@ -226,7 +242,7 @@ class PhaseReport(L.Callback):
                     f"{100 * record.get('val/success_rate', float('nan')):5.1f}%"
                     + (f"   (this recipe, greedy: {spread_text(known)})" if known else "")
                 )
-        if spread.source and (spread.after_warmup_greedy or spread.after_rl_greedy):
+        if spread.source and (spread.before_training_greedy or spread.after_warmup_greedy or spread.after_rl_greedy):
             lines.append(f"  seed spread measured in {spread.source}")
         for name, value in summary["rl_rollout_means"].items():
             if name in ROLLOUT_FIGURES:
@@ -270,6 +286,13 @@ class PhaseReport(L.Callback):
 
 
 # ---- files ---------------------------------------------------------------------------------------
+def _whole_sanity_check(trainer: L.Trainer) -> bool:
+    """Whether Lightning's sanity check runs every validation batch (``trainer.num_sanity_val_steps: -1``),
+    so that its figures are a full validation of the model before its first step."""
+    batches = getattr(trainer, "num_val_batches", None) or []
+    return bool(batches) and all(n <= trainer.num_sanity_val_steps for n in batches)
+
+
 def _fitting(trainer: L.Trainer) -> bool:
     state = getattr(trainer, "state", None)
     return state is None or state.fn == "fit"

@@ -124,7 +124,7 @@ class R3LightningModule(L.LightningModule):
 
     def configure_model(self) -> None:
         if self.policy is None:
-            if self.model_config.name_or_path:
+            if self.model_config.pretrained:
                 policy, tokenizer = load_pretrained(self.model_config)
             else:
                 tokenizer = build_tokenizer(self.datamodule.tokenizer_corpus(), self.model_config.tiny.vocab_size)
@@ -432,7 +432,7 @@ class R3LightningModule(L.LightningModule):
             self.skipped_steps,
             self.tokenizer,
             self.model_config,
-            in_memory_tokenizer=not self.model_config.name_or_path,
+            in_memory_tokenizer=not self.model_config.pretrained,
         )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

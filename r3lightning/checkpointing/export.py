@@ -82,12 +82,12 @@ def rebuild_policy(checkpoint: dict[str, Any], ckpt_path: str):
     ModelConfig, LoRA-wrapped as in training, every ``policy.*`` tensor loaded (strictly)."""
     config: ModelConfig = checkpoint["hyper_parameters"]["model"]
     saved = checkpoint["r3lightning"]
-    if config.name_or_path:
+    if config.pretrained:
         model, tokenizer = load_pretrained(config)
         # Loaded again from name_or_path, the tokenizer must still be the one the policy was trained with.
         if tokenizer_fingerprint(tokenizer) != saved.get("tokenizer_fingerprint"):
             raise ValueError(
-                f"checkpoint {ckpt_path!r}: the tokenizer at {config.name_or_path!r} differs from the one it was "
+                f"checkpoint {ckpt_path!r}: the tokenizer at {config.name_or_path or config.gguf_file!r} differs from the one it was "
                 "trained with (has the model changed since?)"
             )
     else:
@@ -181,7 +181,7 @@ def check_export(config: ModelConfig, lora: LoraExport, source: str) -> None:
         raise ValueError(f"lora must be 'merged' or 'adapter', got {lora!r}")
     if lora == "adapter" and config.lora_rank <= 0:
         raise ValueError(f"{source} has no LoRA adapter (lora_rank 0): export with lora='merged'")
-    if lora == "adapter" and not config.name_or_path:
+    if lora == "adapter" and not config.pretrained:
         raise ValueError(
             f"{source}: its base model is a tiny model built in memory, which no adapter can refer to; "
             "export with lora='merged'"

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from r3lightning.algos.objective import METHOD_FIELDS
 
-SHAPE_KEYS = ("model.model.name_or_path", "model.model.tiny", "model.model.lora_rank", "model.model.lora_target_modules")
+SHAPE_KEYS = ("model.model.name_or_path", "model.model.gguf_file", "model.model.tiny", "model.model.lora_rank", "model.model.lora_target_modules")
 """Keys that define the weights' shapes or source: a checkpoint's weights only fit its own values."""
 METHOD_KEYS = (
     *(f"model.algorithm.{name}" for name in METHOD_FIELDS),
@@ -51,7 +51,8 @@ def _under(key: str, prefixes: tuple[str, ...]) -> bool:
 def _irrelevant(key: str, saved: dict[str, Any], parsed: dict[str, Any]) -> bool:
     """A difference that changes nothing: the tiny spec of a pretrained model, LoRA settings without LoRA."""
     both = lambda name: (saved.get(name), parsed.get(name))  # noqa: E731
-    if key.startswith("model.model.tiny.") and all(both("model.model.name_or_path")):
+    pretrained = lambda side: side.get("model.model.name_or_path") or side.get("model.model.gguf_file")  # noqa: E731
+    if key.startswith("model.model.tiny.") and pretrained(saved) and pretrained(parsed):
         return True
     lora = ("model.model.lora_alpha", "model.model.lora_target_modules")
     return _under(key, lora) and not any(both("model.model.lora_rank"))

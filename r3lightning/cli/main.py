@@ -316,7 +316,7 @@ class R3LightningCLI(LightningCLI):
         (``read_checkpoint``: one error naming it and what is wrong), then compared with the config
         (``check_resume``): the checkpoint's values are applied only with ``--resume_with checkpoint``.
         ``r3l validate``/``test``/``predict`` without ``--ckpt_path`` are refused for a tiny model built at
-        random (nothing trained to evaluate); a pretrained ``model.model.name_or_path`` may be evaluated as is."""
+        random (nothing trained to evaluate); a pretrained ``model.model.name_or_path`` (or ``gguf_file``) may be evaluated as is."""
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -324,10 +324,10 @@ class R3LightningCLI(LightningCLI):
         ckpt_path = section.get("ckpt_path")
         resume_with = section.get("resume_with")
         if not ckpt_path:
-            if subcommand in EVALUATING and not section.get("model.model.name_or_path"):
+            if subcommand in EVALUATING and not (section.get("model.model.name_or_path") or section.get("model.model.gguf_file")):
                 raise ValueError(
                     f"r3l {subcommand}: no --ckpt_path, and the model is a tiny model built at random "
-                    "(model.model.name_or_path is empty), so there is nothing trained to evaluate; give "
+                    "(model.model.name_or_path and gguf_file are empty), so there is nothing trained to evaluate; give "
                     "--ckpt_path CHECKPOINT (a .ckpt written by r3l fit), or a pretrained model as model.model.name_or_path"
                 )
             if resume_with:

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.envs.base import Task, TaskSuite
-from r3lightning.envs.math_sources import numbered_jsonl_rows
+from r3lightning.envs.jsonl import numbered_jsonl_rows
 from r3lightning.rollout.agent_loop import (
     INVALID_FORMAT_FEEDBACK,
     AgentLoop,

@@ -46,6 +46,7 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful math assistant."
 FEEDBACK_CORRECT = "Correct."
 FEEDBACK_INCORRECT = "Incorrect, try again."
 FEEDBACK_NO_ANSWER = "No final answer found; put it in \\boxed{}."
+FEEDBACK_NO_NUMBER = "No number found; answer with the number."
 FEEDBACK_VERIFIER_ERROR = "The answer could not be checked."
 
 
@@ -77,6 +78,20 @@ def extract_answer(text: str) -> Optional[str]:
             if content.strip():
                 return content.strip()
     return None
+
+
+_NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+
+
+def extract_last_number(text: str) -> Optional[str]:
+    """The last number in ``text`` (an integer or decimal, with its sign), or None: the final answer of
+    a model told to answer with the number only, which writes "7 + 12 = 19" as readily as "19"."""
+    numbers = _NUMBER.findall(text.replace(",", ""))
+    return numbers[-1] if numbers else None
+
+
+FINAL_ANSWER_READERS = {"boxed": extract_answer, "last_number": extract_last_number}
+"""How ``MathEnv`` finds the final answer in a response (``MathSuite.final_answer``)."""
 
 
 def _braced_content(text: str, start: int) -> Optional[str]:
@@ -300,6 +315,7 @@ class MathEnv:
         done=False and the feedback as the next observation.
     verify_timeout_s: deadline for one verification (see ``verify_answer``).
     verifier: the MathVerifier to use (default: the process-wide one).
+    final_answer: ``boxed`` (``extract_answer``) or ``last_number`` (``extract_last_number``).
 
     Reward is 1.0 when an attempt is correct (at any attempt, undiscounted) and 0.0 otherwise, given
     on the final step. A verifier timeout/failure ends the episode with reward 0.0 and
@@ -307,10 +323,18 @@ class MathEnv:
     """
 
     def __init__(
-        self, max_attempts: int = 1, verify_timeout_s: float = 5.0, verifier: Optional[MathVerifier] = None
+        self,
+        max_attempts: int = 1,
+        verify_timeout_s: float = 5.0,
+        verifier: Optional[MathVerifier] = None,
+        final_answer: Literal["boxed", "last_number"] = "boxed",
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"MathEnv: max_attempts must be >= 1, got {max_attempts}")
+        if final_answer not in FINAL_ANSWER_READERS:
+            raise ValueError(f"MathEnv: final_answer must be one of {', '.join(FINAL_ANSWER_READERS)}, got {final_answer!r}")
+        self.read_answer = FINAL_ANSWER_READERS[final_answer]
+        self.no_answer_feedback = FEEDBACK_NO_NUMBER if final_answer == "last_number" else FEEDBACK_NO_ANSWER
         self.max_attempts = max_attempts
         self.verify_timeout_s = verify_timeout_s
         self.verifier = verifier
@@ -332,12 +356,12 @@ class MathEnv:
         if self._done or self._task is None:
             raise RuntimeError("MathEnv.step() called with no episode running; call reset(task) first")
         self._attempts += 1
-        predicted = extract_answer(action)
+        predicted = self.read_answer(action)
         info: dict[str, Any] = {"attempt": self._attempts, "extracted_answer": predicted, "reward_error": False}
         if predicted is None:
             # No readable answer: the environment rejects the action (counted per trajectory as
             # ``rejected_actions``; R³'s ranking puts such failures below readable wrong answers).
-            return self._wrong({**info, "invalid_action": True}, FEEDBACK_NO_ANSWER)
+            return self._wrong({**info, "invalid_action": True}, self.no_answer_feedback)
         try:
             correct = verify_answer(predicted, self._task.answer, self.verify_timeout_s, self.verifier)
         except VerifierError as error:
@@ -392,6 +416,9 @@ class MathSuite(TaskSuite):
         demo_style: SFT demonstration: ``answer_only`` (just ``\\boxed{answer}``) or ``solution``
             (the source's worked solution, then the boxed answer).
         verify_timeout_s: seconds one verification may take before the sample is masked.
+        final_answer: where the verifier finds the answer in the response: ``boxed`` (the last
+            ``\\boxed{}``, ``<answer>`` tag or ``Answer:`` line) or ``last_number`` (the last number, for
+            an instruction such as "Answer with the number only."; demonstrations are then the bare answer).
 
     The verifier reads the whole response (``answer_format = "raw"``).
     """
@@ -415,9 +442,12 @@ class MathSuite(TaskSuite):
         demo_style: Literal["answer_only", "solution"] = "answer_only",
         verify_timeout_s: float = 5.0,
         val_disjoint: bool = True,
+        final_answer: Literal["boxed", "last_number"] = "boxed",
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"MathSuite: max_attempts must be >= 1, got {max_attempts}")
+        if final_answer not in FINAL_ANSWER_READERS:
+            raise ValueError(f"MathSuite: final_answer must be one of {', '.join(FINAL_ANSWER_READERS)}, got {final_answer!r}")
         if num_val_tasks < 0:
             raise ValueError(f"MathSuite: num_val_tasks must be >= 0, got {num_val_tasks}")
         if demo_style not in ("answer_only", "solution"):
@@ -428,6 +458,7 @@ class MathSuite(TaskSuite):
         self.instruction = instruction
         self.demo_style = demo_style
         self.verify_timeout_s = verify_timeout_s
+        self.final_answer = final_answer
         fields = (question_field, answer_field, solution_field)
         self._split = _make_split(
             source, dict(source_kwargs or {}), fields, hf_config, hf_split, num_val_tasks, seed, val_disjoint
@@ -439,7 +470,7 @@ class MathSuite(TaskSuite):
             )
 
     def make_env(self) -> MathEnv:
-        return MathEnv(max_attempts=self.max_attempts, verify_timeout_s=self.verify_timeout_s)
+        return MathEnv(max_attempts=self.max_attempts, verify_timeout_s=self.verify_timeout_s, final_answer=self.final_answer)
 
     def train_task(self, index: int) -> Task:
         if index < 0:
@@ -450,10 +481,11 @@ class MathSuite(TaskSuite):
         return [self._task(item, "val") for item in self._split.val_items()]
 
     def demonstration(self, task: Task) -> Optional[list[str]]:
-        """One expert answer: ``\\boxed{answer}``, preceded by the worked solution for ``demo_style: solution``."""
+        """One expert answer: ``\\boxed{answer}`` (the bare answer for ``final_answer: last_number``),
+        preceded by the worked solution for ``demo_style: solution``."""
         if task.answer is None:
             return None
-        boxed = f"\\boxed{{{task.answer}}}"
+        boxed = str(task.answer) if self.final_answer == "last_number" else f"\\boxed{{{task.answer}}}"
         solution = task.data.get("solution")
         if self.demo_style == "solution" and solution:
             return [f"{solution}\n{boxed}"]

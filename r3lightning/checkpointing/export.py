@@ -25,6 +25,7 @@ import tempfile
 from typing import Any, Literal
 
 import torch
+from safetensors import SafetensorError
 
 from r3lightning.checkpointing.read import read_checkpoint
 from r3lightning.training.models import (
@@ -188,6 +189,44 @@ def check_export(config: ModelConfig, lora: LoraExport, source: str) -> None:
         )
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _apply_umask(top: str) -> None:
+    """Give ``top`` and what is under it the modes a plain ``mkdir``/``open`` would (0777/0666 less the
+    umask): ``tempfile.mkdtemp`` makes the staging directory 0700, which would keep the export from
+    other users (a serving process under another account)."""
+    mask = _current_umask()
+    os.chmod(top, 0o777 & ~mask)
+    for root, dirs, files in os.walk(top):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def _size_of_weights(policy) -> int:
+    """Bytes of the policy's parameters and buffers: about what ``model.safetensors`` takes."""
+    tensors = [*policy.parameters(), *policy.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _megabytes(size: float) -> str:
+    return f"{size / 2**20:,.1f} MB"
+
+
+def _write_error(err: BaseException) -> str:
+    """An ``OSError``'s reason; safetensors' ``SafetensorError`` (raised when the weights do not fit)
+    carries the operating system's text inside its own."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    text = " ".join(str(err).split())
+    return "No space left on device" if "os error 28" in text or "No space left" in text else text
+
+
 def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: LoraExport = "merged", who: str = "") -> str:
     """Write ``policy`` (built from ``config``, LoRA-wrapped when ``config.lora_rank > 0``) and its
     ``tokenizer`` to the empty or new directory ``out_dir``; returns ``out_dir``. Merging consumes the
@@ -195,15 +234,18 @@ def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: Lo
 
     The files are written into a temporary directory beside ``out_dir`` and renamed to it when all are
     written: a full disk, a missing permission or a kill leaves no half-written model (say a
-    ``config.json`` without weights) at ``out_dir``. An ``OSError`` on the way is re-raised on one line
-    naming ``out_dir`` (after ``who``, the callback, when given), the temporary directory removed."""
+    ``config.json`` without weights) at ``out_dir``. The directory and its files take the user's umask.
+    A failed write (an ``OSError``, or safetensors' ``SafetensorError`` when the weights do not fit) is
+    re-raised as one ``OSError`` line naming ``out_dir`` (after ``who``, the callback, when given) and,
+    for a full disk, the space the weights need and what is free; the temporary directory is removed."""
     _check_out_dir(out_dir)
+    prefix = f"{who}: " if who else ""
     parent = os.path.dirname(os.path.abspath(out_dir))
     try:
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", suffix=".partial", dir=parent)
     except OSError as err:
-        raise OSError(f"{who + ': ' if who else ''}cannot write {out_dir!r}: {_why_not(out_dir, err)}") from None
+        raise OSError(f"{prefix}cannot write {out_dir!r}: {_why_not(out_dir, err)}") from None
     try:
         if lora == "adapter":
             policy.save_pretrained(staging, safe_serialization=True)
@@ -212,14 +254,17 @@ def export_policy(policy, tokenizer, config: ModelConfig, out_dir: str, lora: Lo
             _set_generation_ids(model, tokenizer)
             model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        _apply_umask(staging)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty (checked above): the rename below takes its place
         os.rename(staging, out_dir)
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise OSError(
-            f"{who + ': ' if who else ''}writing {out_dir!r} failed: {err.strerror or err}; nothing was left there"
-        ) from None
+        reason = _write_error(err)
+        if reason == "No space left on device":
+            free = shutil.disk_usage(parent).free
+            reason += f" (the weights alone need about {_megabytes(_size_of_weights(policy))}; {_megabytes(free)} free in {parent!r})"
+        raise OSError(f"{prefix}writing {out_dir!r} failed: {reason}; nothing was left there") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -28,6 +28,10 @@ BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
 EXCEPTION_CHECKPOINT = "exception.ckpt"
 
 
+class NoRewardError(ValueError):
+    """An RL step in which no sample's reward could be computed (``stop_on_failed_rewards``)."""
+
+
 class HealthWatchdog(L.Callback):
     """Checkpoint-and-stop on non-finite steps; warnings about the training dynamics.
 
@@ -43,7 +47,8 @@ class HealthWatchdog(L.Callback):
       (most groups give no gradient: tasks too easy or too hard, or the policy collapsed).
     - ``health/prompt_too_long``: some episodes of the step had a prompt longer than the context limit
       (``rollout/prompt_too_long_rate`` > 0; they train nothing).
-    - ``health/reward_errors``: some rewards raised or timed out (``reward/error_rate`` > 0; masked).
+    - ``health/reward_errors``: some rewards raised, timed out or were not finite numbers (``reward/error_rate``
+      > 0; masked). When every fresh sample of a step failed, ``stop_on_failed_rewards`` stops the run.
 
     Flags are logged every step as 0/1 (the ratio as a number); each kind is printed once per run.
     ``health/consecutive_bad_steps`` is logged every step.
@@ -59,6 +64,11 @@ class HealthWatchdog(L.Callback):
         entropy_max_fraction: see ``entropy_max``.
         length_growth_factor: response-length growth between consecutive windows that warns.
         zero_variance_max: zero-variance group rate above which it warns.
+        stop_on_failed_rewards: stop the run with an error (``r3l`` exits 1) after an RL step in which no
+            fresh sample got a usable reward (every reward function or environment call raised, timed
+            out or returned no finite number: ``reward/error_rate`` 1.0), naming the suite, the reward
+            function and the first failure; nothing could be trained. A step where only some fail is
+            masked, counted and warned about.
     """
 
     def __init__(
@@ -71,6 +81,7 @@ class HealthWatchdog(L.Callback):
         entropy_max_fraction: float = 0.9,
         length_growth_factor: float = 2.0,
         zero_variance_max: float = 0.9,
+        stop_on_failed_rewards: bool = True,
     ) -> None:
         if window < 1:
             raise ValueError(f"HealthWatchdog: window must be >= 1, got {window}")
@@ -82,6 +93,8 @@ class HealthWatchdog(L.Callback):
         self.entropy_max_fraction = entropy_max_fraction
         self.length_growth_factor = length_growth_factor
         self.zero_variance_max = zero_variance_max
+        self.stop_on_failed_rewards = stop_on_failed_rewards
+        self.stopped_on_failed_rewards = False
         self.history: dict[str, deque] = defaultdict(lambda: deque(maxlen=2 * self.window))
         self.warned: set[str] = set()
         self.stop_checkpoint: Optional[str] = None
@@ -95,6 +108,30 @@ class HealthWatchdog(L.Callback):
             self._stop_on_bad_steps(trainer, pl_module, bad)
         values.update(self._check_dynamics(trainer, pl_module))
         pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
+        if self.stop_on_failed_rewards:
+            self._stop_if_no_reward(trainer, pl_module)
+
+    def _stop_if_no_reward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Raise ``NoRewardError`` when every fresh sample of this RL step had its reward fail."""
+        if float(trainer.callback_metrics.get("train/phase_rl", 0.0)) < 1.0:
+            return
+        fresh = [t for t in getattr(pl_module, "last_trajectories", []) if t.origin == "base"]
+        if not fresh or not all(t.reward_error for t in fresh):
+            return
+        first = fresh[0]
+        reason = first.env_error or (
+            "the reward was not a finite number" + (" in [0, 1] (data.agent.reward_out_of_range: mask)" if first.reward_invalid else "")
+        )
+        datamodule = getattr(trainer, "datamodule", None)
+        suite = getattr(datamodule, "suite", None)
+        source = f"data.suite {suite.describe()}" if suite is not None and hasattr(suite, "describe") else "data.suite"
+        self.stopped_on_failed_rewards = True
+        raise NoRewardError(
+            f"{source}: no reward could be computed for any of the {len(fresh)} samples of training step "
+            f"{trainer.global_step} (reward/error_rate 1.0), so nothing can be trained; the first failure, task "
+            f"{first.task_id!r}: {reason}. Fix the reward function or environment (a function that fails on some "
+            "samples only is masked and counted; HealthWatchdog(stop_on_failed_rewards=false) under trainer.callbacks lets such a run go on)"
+        )
 
     def _stop_on_bad_steps(self, trainer: L.Trainer, pl_module: L.LightningModule, bad: int) -> None:
         trainer.should_stop = True
@@ -123,8 +160,8 @@ class HealthWatchdog(L.Callback):
         (saving is collective and the other ranks may be elsewhere)."""
         if not self.save_checkpoint_on_exception or trainer.world_size > 1 or trainer.global_step == 0:
             return
-        if trainer.state.fn != TrainerFn.FITTING or self.stop_checkpoint:
-            return
+        if trainer.state.fn != TrainerFn.FITTING or self.stop_checkpoint or self.stopped_on_failed_rewards:
+            return  # stopped for a reason of its own (nothing trained since the last checkpoint)
         path = os.path.join(log_dir_of(trainer), "checkpoints", EXCEPTION_CHECKPOINT)
         try:
             trainer.save_checkpoint(path)
@@ -202,10 +239,12 @@ class HealthWatchdog(L.Callback):
         errors = float(metrics.get("reward/error_rate", 0.0))
         out["health/reward_errors"] = float(errors > 0)
         if errors > 0:
+            failed = next((t.env_error for t in getattr(pl_module, "last_trajectories", []) if t.env_error), "")
             self._warn(
                 "reward_errors",
-                f"{100 * errors:.0f}% of this step's samples had a reward that raised or timed out; they are masked "
-                "out of the loss (reward/error_rate; the error text is in each trajectory's info['env_error']).",
+                f"{100 * errors:.0f}% of this step's samples got no usable reward (the reward function or environment "
+                "raised, timed out or returned no finite number); they are masked out of the loss (reward/error_rate; "
+                "each error's text is in rollout_samples.jsonl's env_error)" + (f"; the first: {failed}" if failed else "") + ".",
             )
         if self.warned:
             out["health/warnings"] = float(len(self.warned))

@@ -51,6 +51,7 @@ def test_own_task_example_trains_and_logs_the_reward_function_values(tmp_path, m
     with open(tmp_path / "runs" / "own_task" / "version_0" / "metrics.csv") as handle:
         logged = [float(row["reward/mean"]) for row in csv.DictReader(handle) if row.get("reward/mean")]
     assert len(logged) == steps
+    returned = returned[1:]  # the first call is set-up's check of the function on the file's first row
     expected = [sum(returned[i * per_step:(i + 1) * per_step]) / per_step for i in range(steps)]
     assert logged == pytest.approx(expected)
     assert set(returned) <= {0.0, 0.1, 0.2, 1.0}
@@ -64,3 +65,39 @@ def test_r3l_makes_the_working_directory_importable_as_python_m_does(tmp_path, m
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     importable_working_directory()
     assert sys.path[0] == str(tmp_path)
+
+
+BROKEN_REWARDS = {
+    "raises": "def reward(completion, **row):\n    raise RuntimeError('reward server returned HTTP 500')\n",
+    "sleeps": "import time\ndef reward(completion, **row):\n    time.sleep(3600)\n",
+}
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("raises", "raised RuntimeError: reward server returned HTTP 500 on row"),
+    ("sleeps", "CallTimeout"),
+])
+def test_a_reward_function_that_fails_on_every_call_stops_the_run_in_its_first_step(tmp_path, monkeypatch, capsys, kind, expected):
+    """Not exit 0 with nothing trained: exit 1 at the end of the first RL step, naming the function
+    (``module:function``), the row and the exception."""
+    from r3lightning.cli.main import main
+
+    for name, text in page_files().items():
+        (tmp_path / name).write_text(text)
+    module_name = f"broken_reward_{kind}"
+    (tmp_path / f"{module_name}.py").write_text(BROKEN_REWARDS[kind])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr("r3lightning.envs.prompt_suite.PROBE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sys, "argv", [
+        "r3l", "fit", "--config", "own_task.yaml", "--trainer.max_steps", "5", "--trainer.limit_val_batches", "0",
+        "--data.suite.init_args.reward_fn", f"{module_name}:reward", "--data.agent.step_timeout_s", "0.5",
+    ])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 1
+    error = capsys.readouterr().err
+    assert f"reward_fn '{module_name}:reward'" in error and expected in error
+    assert "no reward could be computed for any of the 8 samples of training step 1" in error
+    assert "r3l: error:" in error and len(error.strip().splitlines()) == 2  # the message and where it was raised
+    sys.modules.pop(module_name, None)

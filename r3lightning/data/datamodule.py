@@ -294,7 +294,7 @@ class RolloutDataModule(L.LightningDataModule):
         own = getattr(self.explorer, "reflector", None)
         if own is not None:
             return own
-        return Reflector(1.0, 192, load_template("", "reflection.txt"), load_template("", "guidance.txt"))
+        return Reflector.with_builtin_templates()
 
     # ---- experience ---------------------------------------------------------------------------
     def connect(self, engine: RolloutEngine, tokenizer, objective: AlgorithmConfig) -> None:

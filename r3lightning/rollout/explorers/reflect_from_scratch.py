@@ -21,7 +21,12 @@ from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget
 from r3lightning.rollout.explorers.reflect_retry import distill, retry_is_better
-from r3lightning.rollout.explorers.reflection import Reflector, load_template
+from r3lightning.rollout.explorers.reflection import (
+    MAX_REFLECTION_TOKENS,
+    REFLECTION_TEMPERATURE,
+    Reflector,
+    load_template,
+)
 from r3lightning.types import Group, Trajectory
 
 
@@ -65,8 +70,8 @@ class ReflectFromScratchExplorer:
 
     def __init__(
         self,
-        reflection_temperature: float = 1.0,
-        max_reflection_tokens: int = 192,
+        reflection_temperature: float = REFLECTION_TEMPERATURE,
+        max_reflection_tokens: int = MAX_REFLECTION_TOKENS,
         reflection_template: str = "",
         guidance_template: str = "",
         reflected_share: float = 0.5,

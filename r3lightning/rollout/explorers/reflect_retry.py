@@ -22,7 +22,14 @@ from r3lightning.engines.base import SamplingParams
 from r3lightning.envs.base import Task
 from r3lightning.rollout.agent_loop import AgentLoop, EpisodeRequest
 from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, ExplorerTraits, GuidanceBudget, sample_groups
-from r3lightning.rollout.explorers.reflection import Reflection, Reflector, diagnosis_of, load_template
+from r3lightning.rollout.explorers.reflection import (
+    MAX_REFLECTION_TOKENS,
+    REFLECTION_TEMPERATURE,
+    Reflection,
+    Reflector,
+    diagnosis_of,
+    load_template,
+)
 from r3lightning.rollout.steps import split_final_turn
 from r3lightning.types import Group, Trajectory, Turn
 
@@ -94,8 +101,8 @@ class ReflectRetryExplorer:
     def __init__(
         self,
         retry: bool = True,
-        reflection_temperature: float = 1.0,
-        max_reflection_tokens: int = 192,
+        reflection_temperature: float = REFLECTION_TEMPERATURE,
+        max_reflection_tokens: int = MAX_REFLECTION_TOKENS,
         meta_tasks: bool = True,
         reflection_template: str = "",
         guidance_template: str = "",

@@ -24,6 +24,10 @@ from r3lightning.types import Trajectory
 
 OUTCOMES = ("success", "success_but_inefficient", "failure")
 REFLECTION_FIELDS = ("trajectory_summary", "root_cause_analysis", "trajectory_outcome", "improvement_suggestion", "retry_from_step")
+REFLECTION_TEMPERATURE = 1.0
+"""The temperature the policy's reflections are sampled at unless an explorer sets one."""
+MAX_REFLECTION_TOKENS = 192
+"""A reflection's generation budget unless an explorer sets one."""
 
 
 def load_template(path: str, builtin: str) -> str:
@@ -206,6 +210,12 @@ class Reflector:
             step) or ``full`` (the reference code's: system prompt, every observation, full response
             and feedback; longer prompts).
     """
+
+    @classmethod
+    def with_builtin_templates(cls) -> Reflector:
+        """The policy's reflector at the default settings with the built-in templates: what scripted
+        reflection data and the tokenizer corpus use when the explorer has no reflector of its own."""
+        return cls(REFLECTION_TEMPERATURE, MAX_REFLECTION_TOKENS, load_template("", "reflection.txt"), load_template("", "guidance.txt"))
 
     def __init__(
         self,

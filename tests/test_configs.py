@@ -581,3 +581,25 @@ def test_gpu_session_override_keeps_the_recipes_method(cli):
     assert (cfg.trainer.accelerator, str(cfg.trainer.precision), cfg.trainer.max_steps) == ("gpu", "bf16-mixed", 20)
     assert (cfg.model.model.name_or_path, cfg.model.engine.backend, cfg.model.engine.hf_decode) == ("", "hf", "fused")
     assert cfg.trainer.callbacks == []
+
+
+RUNNABLE = sorted(p for p in ALL_YAML if not _is_fragment(p))
+
+
+@pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_shipped_configs_sample_with_the_seed_they_always_had(cli, path):
+    """The sampling seed now follows ``seed_everything`` unless ``data.seed`` is given; every shipped
+    config sets ``seed_everything: 0``, so its rollouts keep the seed 0 of the old ``data.seed`` default."""
+    from r3lightning.cli.main import resolve_sampling_seed
+
+    section = cli.parser.parse_args(["fit", "--config", str(path)]).fit
+    resolve_sampling_seed(section)
+    assert section.data.seed == 0
+
+
+@pytest.mark.parametrize("extra, expected", [(["--seed_everything", "1"], 1), (["--seed_everything", "1", "--data.seed", "5"], 5),
+                                             (["--seed_everything", "7"], 7)])
+def test_the_sampling_seed_follows_seed_everything_unless_data_seed_is_given(extra, expected):
+    cli = R3LightningCLI(args=["--config", str(BASE), *extra], run=False)
+    assert cli.datamodule.seed == expected
+    assert cli.datamodule.rollout_seed(3) != R3LightningCLI(args=["--config", str(BASE), "--data.seed", str(expected + 1)], run=False).datamodule.rollout_seed(3)

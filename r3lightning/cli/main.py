@@ -218,9 +218,11 @@ class R3LightningCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Refuse the Trainer flags that manual optimization ignores (``INERT_TRAINER_FLAGS``), naming the
-        key that does the job here."""
+        key that does the job here. An unset ``data.seed`` takes the run's ``seed_everything`` (as
+        LightningCLI resolved it), so the sampling follows the seed Lightning users vary."""
         subcommand = self.config.get("subcommand")
         trainer = self.config[subcommand].get("trainer") if subcommand else None
+        resolve_sampling_seed(self.config[subcommand] if subcommand else self.config)
         if trainer is None:
             return
         for flag, (inert, instead) in INERT_TRAINER_FLAGS.items():
@@ -407,6 +409,15 @@ def _checkpoint_dirs_of(trainer: Any) -> tuple[list[str], Optional[tuple[str, st
     save_dir = get(init_args, "save_dir") if init_args is not None else getattr(logger, "save_dir", None)
     name = get(init_args, "name") if init_args is not None else getattr(logger, "name", None)
     return dirs, (str(save_dir or root), str(name if name is not None else "lightning_logs")), root
+def resolve_sampling_seed(section: Any) -> None:
+    """An unset ``data.seed`` in a parsed ``fit``/``validate`` section becomes the run's
+    ``seed_everything`` when that is a number (LightningCLI has replaced ``true`` by the seed it drew),
+    so ``--seed_everything N`` varies the rollouts; a given ``data.seed`` is kept."""
+    seed = section.get("seed_everything")
+    if section.get("data.seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
+        section["data.seed"] = seed
+
+
 
 
 def resolve_last_ckpt_path(config: Any) -> None:

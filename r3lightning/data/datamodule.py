@@ -170,7 +170,9 @@ class RolloutDataModule(L.LightningDataModule):
         val_samples: sampled validation episodes per task (n), at ``val_sampling``; validation logs
             pass@k (unbiased estimator) for k = 1, 2, 4, ... up to n and mean@n beside greedy pass@1.
         seed: base seed of rollout sampling; step ``s`` on rank ``r`` samples with a seed derived from
-            (seed, s, r), so resumed and multi-rank runs sample reproducibly.
+            (seed, s, r), so resumed and multi-rank runs sample reproducibly. Null (default): the run's
+            ``seed_everything`` (``r3l`` fills it in, so ``--seed_everything N`` varies the sampling), or 0
+            where nothing gives one.
         max_reward: the reward of a full success, the one value every part reads: explorers (which
             samples are solved and get no reflection or critique, the meta-task rule), the objective
             (positive amplification, ``raft``'s filter) and the success metrics.
@@ -191,7 +193,7 @@ class RolloutDataModule(L.LightningDataModule):
         demos: DemoConfig = DemoConfig(),
         val_tasks_per_batch: int = 32,
         val_samples: int = 1,
-        seed: int = 0,
+        seed: Optional[int] = None,
         max_reward: float = 1.0,
         replay: ReplayConfig = ReplayConfig(),
     ) -> None:
@@ -212,7 +214,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.demos = dataclasses.replace(demos)
         self.val_tasks_per_batch = val_tasks_per_batch
         self.val_samples = val_samples
-        self.seed = seed
+        self.seed = 0 if seed is None else seed
         self.max_reward = max_reward
         self.cursor = 0
         self._demo_rows: Optional[list[list[dict]]] = None

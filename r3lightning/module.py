@@ -235,7 +235,25 @@ class R3LightningModule(L.LightningModule):
         entropy = self.prefix_forward.response_entropy(
             self.policy, experience.slice(0, rl_rows), self.optim_config.micro_batch_size, self.device
         )
-        self.last_ranking = rank_failed_rows(experience, groups, entropy, self.algorithm, rollout.max_reward)
+        ranking = self.algorithm.ranking
+        generator = None
+        if ranking.order == "placebo":  # the control's random order: reproducible per (seed, step, rank)
+            generator = torch.Generator().manual_seed(self.datamodule.rollout_seed(self.global_step) + 3)
+        self.last_ranking = rank_failed_rows(
+            experience, groups, entropy, self.algorithm, rollout.max_reward, generator, self._step_success_floor(experience, rollout)
+        )
+
+    def _step_success_floor(self, experience: ExperienceBatch, rollout: StepRollout) -> Optional[float]:
+        """The lowest success advantage of the step over every rank (the ranking's cap: no failure above
+        any success of the step); None on one rank, where the ranking takes its own rows'."""
+        if self._trainer is None or self.trainer.world_size <= 1:
+            return None
+        rl = rollout.exploration.trajectories
+        advantages = experience.sequence_advantages[: len(rl)]
+        success = torch.tensor([t.reward >= rollout.max_reward for t in rl], dtype=torch.bool)
+        lowest = float(advantages[success].min()) if success.any() else math.inf
+        value = torch.tensor(lowest, device=self.device, dtype=torch.float64)  # every rank takes part
+        return float(self.trainer.strategy.reduce(value, reduce_op=torch.distributed.ReduceOp.MIN).item())
 
     # ---- optimization -------------------------------------------------------------------------
     def _reduce_sum(self, value: float) -> float:

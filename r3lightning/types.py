@@ -94,6 +94,10 @@ class Trajectory:
     reward_invalid: the environment's reward was not a finite number (or out of range, when masked):
         the sample is masked like a reward error.
     reward_clipped: the environment's reward lay outside [0, 1] and was clipped into it.
+    partial_credit: how close a failed answer came to the reference, in [0, 1], when the environment
+        can tell (``StepResult.info["partial_credit"]`` of the last step; math: the numeric distance of
+        a readable wrong answer); None otherwise. Only R³'s premise gate reads it
+        (``activity/ranking_credit_corr``); no reward or advantage does.
     info: free-form diagnostics shown in sample logs (reflection text, its parse error...); nothing
         reads it to decide anything.
     """
@@ -115,6 +119,7 @@ class Trajectory:
     env_error: str = ""
     reward_invalid: bool = False
     reward_clipped: bool = False
+    partial_credit: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.origin not in ORIGINS:
@@ -186,6 +191,8 @@ class ExperienceBatch:
     sft_mask: 1 on tokens trained by the SFT head.
     turn_index: index of the turn that generated each assistant token, -1 elsewhere.
     advantages: per-token advantage (the sequence's advantage broadcast on its loss tokens).
+    sequence_advantages: [B] each row's advantage before the loss mask (``make_experience``'s, computed
+        once; R³'s ranking adjusts the RL rows' from it); None for batches built elsewhere.
     rewards: [B] per-sequence reward; ``origins`` and ``task_ids`` are per-sequence lists.
     temperature: the sampling temperature of the RL rows (the trainer scores them under it).
     behaviour: per row, what ``old_logprobs`` are: ``sampled`` (the engine's, may be recomputed by the
@@ -207,6 +214,7 @@ class ExperienceBatch:
     task_ids: list[str] = field(default_factory=list)
     temperature: float = 1.0
     behaviour: list[str] = field(default_factory=list)
+    sequence_advantages: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

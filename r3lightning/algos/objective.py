@@ -26,6 +26,11 @@ class RankingConfig:
         weight_global: weight of the global-stability score.
         delta: spread of the bonus in advantage units: the best-ranked failure of a group gets
             ``+delta/2``, the worst ``-delta/2``.
+        order: what orders failures of one tier: ``entropy`` (R³'s structural-entropy score), or a
+            control that keeps everything else (tiers, bonus, cap): ``placebo`` (a random order, drawn
+            per step from the rollout seed) or ``length`` (shorter first). R³ against each control
+            tells whether the entropy score carries more than chance or length (presets
+            ``r3_ranking_placebo``, ``r3_ranking_length``).
     """
 
     enabled: bool = False
@@ -34,8 +39,11 @@ class RankingConfig:
     weight_local: float = 1.0
     weight_global: float = 1.0
     delta: float = 0.2
+    order: Literal["entropy", "placebo", "length"] = "entropy"
 
     def __post_init__(self) -> None:
+        if self.order not in ("entropy", "placebo", "length"):
+            raise ValueError(f"model.algorithm.ranking.order must be entropy, placebo or length, got {self.order!r}")
         if self.top_k < 1 or self.window < 1:
             raise ValueError(f"model.algorithm.ranking: top_k ({self.top_k}) and window ({self.window}) must be >= 1")
         if self.delta < 0:

@@ -17,13 +17,25 @@ on the loss tokens). A response's structure is scored on two scales:
   stay level over the response. ``G`` is *undefined* (NaN) with fewer than two windows, not 0: 0 is
   its best value, and giving it to every response of one window made short answers the most "stable".
 
-``S = weight_local · L + weight_global · G``, where an undefined ``G`` takes the mean of the defined
-``G`` of the ranked samples in its group (neither best nor worst; 0 when none has one).
+``S = weight_local · L + weight_global · G``.
+
+Pairs, on the tokens both have. Two failures of lengths ``n_i`` and ``n_j`` are compared on their first
+``m = min(n_i, n_j)`` tokens (``pairwise_entropy_order``), on the scales those m tokens have: ``L`` from
+``m >= top_k``, ``G`` from two windows. Scoring each response whole let length act through the scales
+themselves: on prefixes of one falling entropy profile the shorter answer always won (its windows
+spread less), on a rising one the longer (its top-k grew), and a 1-token answer was scored on its one
+entropy and could rank first. On common prefixes, responses cut from one profile tie at any length, a
+1-token answer ties with everyone (it has no top-2 and no two windows), and a 3-token answer is not
+placed by the other answers' stability. Length has **no lever** in our reading: the paper reports
+fewer tokens as an outcome, not a length preference in the score (``order: length`` is that
+preference, as a control).
 
 Ranking. Within each group, the ranked samples (failed ones that generated at least one token) are
-ordered by ``(tier, S)``: ``tier`` 1 for truncated or well-formed failures (a wrong answer in the
-right format: the seed's "truncated or failed samples"), 0 for failures whose answer could not be read.
-Ties share the mean of their ranks. Rank ``ρ ∈ [0, n_ranked - 1]`` gives the bonus
+ordered pairwise by tier, then by the pairwise order: ``tier`` 1 for failures whose answer the
+environment could read (a wrong answer in the right format), 0 for those it could not (a malformed or
+rejected action); truncation does not change the tier, so a ramble cut at the length cap is not lifted
+above an empty answer. A sample's rank ``ρ`` is its wins plus half its ties over its ``n_ranked - 1``
+peers, and gives the bonus
 
     b = delta · (ρ / (n_ranked - 1) - 1/2)       (0 for a lone ranked sample)
 
@@ -31,11 +43,13 @@ which is centred (it sums to 0 over the group's ranked samples) and spans ``delt
 to the *advantage* after the group estimator (``add_failure_bonus``), not to the reward: GRPO's z-score
 would otherwise stretch any reward spread of an all-fail group to ±1.4, whatever ``delta``, so that the
 best-ranked failure outweighed a success of a half-solved group. A failure's advantage is also capped
-at the lowest success advantage of its group, so no failure ever outranks a success.
+at the lowest success advantage of the whole step (every group), so no failure out-advantages a
+success under any estimator.
 
 What the paper does not pin down, and we had to choose: ``top_k``, ``window`` and the weights (no
 defaults here: a recipe states them); population std; ranks rather than raw scores (the bonus does not
-depend on the scale of entropy); the tiers; adding the bonus to the advantage.
+depend on the scale of entropy); comparing on common prefixes; the tiers; adding the bonus to the
+advantage.
 """
 
 from __future__ import annotations
@@ -102,93 +116,136 @@ def global_stability_score(entropy: torch.Tensor, mask: torch.Tensor, window: in
     return torch.where(num_windows >= 2, -std, torch.full_like(std, float("nan"))).to(_float_dtype(entropy))
 
 
-def structural_entropy_score(
-    local: torch.Tensor,
-    stability: torch.Tensor,
-    ranked: torch.Tensor,
-    group_index: torch.Tensor,
+def keep_first(mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``mask`` [B, T] with only the first ``count[b]`` nonzero positions of each row kept (bool [B, T]).
+
+    count: [B] long. The response of row ``b`` cut to its first ``count[b]`` tokens.
+    """
+    keep = mask != 0
+    return keep & (keep.long().cumsum(dim=1) <= count[:, None])
+
+
+def pairwise_entropy_order(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    peers: torch.Tensor,
+    top_k: int,
+    window: int,
     weight_local: float,
     weight_global: float,
+    chunk_elements: int = 1 << 22,
 ) -> torch.Tensor:
-    """``weight_local · local + weight_global · stability`` of the ranked rows, shape [N]; NaN elsewhere.
+    """Who wins each pair of peers on the structural-entropy score, shape [N, N] in {-1, 0, +1}.
 
-    local, stability: [N] (``local_exploration_score``, ``global_stability_score``; NaN = undefined);
-    ranked: [N] bool; group_index: [N] long. An undefined stability takes the mean of the defined
-    stabilities of the ranked rows of its group (0 when there is none), so a one-window response is
-    scored as neither the most nor the least stable.
+    entropy, mask: [N, T] per-token entropy and the response tokens; peers: [N, N] bool, the pairs to
+    compare (symmetric, diagonal ignored). ``order[i, j] = sign(S_i - S_j)``, where both scores are
+    taken over the **first m = min(n_i, n_j) tokens** of each response: a pair is compared on the tokens
+    both have. ``S = weight_local · L + weight_global · G`` over the scales those m tokens have: ``L``
+    when ``m >= top_k``, ``G`` when m makes two windows (``m > window``); a pair with neither ties.
+    So a response is never scored on a scale it lacks (one token has no top-2, three tokens no two
+    windows of 4), and responses cut from one entropy profile tie whatever their lengths: length has
+    no lever. 0 off ``peers``.
     """
-    if not (local.shape == stability.shape == ranked.shape == group_index.shape) or local.dim() != 1:
-        raise ValueError(
-            f"local {tuple(local.shape)}, stability {tuple(stability.shape)}, ranked {tuple(ranked.shape)} and "
-            f"group_index {tuple(group_index.shape)} must all be [N]"
-        )
+    _check_entropy_mask(entropy, mask)
+    rows = entropy.shape[0]
+    peers = peers.bool() & ~torch.eye(rows, dtype=torch.bool, device=peers.device)
+    order = torch.zeros(rows, rows, dtype=torch.float64, device=entropy.device)
+    first, second = peers.nonzero(as_tuple=True)
+    if first.numel() == 0:
+        return order
+    n = (mask != 0).sum(dim=1)
+    common = torch.minimum(n[first], n[second])
+    local = torch.full((rows, rows), float("nan"), dtype=torch.float64, device=entropy.device)
+    stability = torch.full_like(local, float("nan"))
+    # Row ``first`` scored on its first ``common`` tokens, for every ordered pair; in chunks so that
+    # a step of long responses does not hold pairs × tokens at once.
+    per_chunk = max(1, chunk_elements // max(entropy.shape[1], 1))
+    for at in range(0, first.numel(), per_chunk):
+        i, j, m = first[at : at + per_chunk], second[at : at + per_chunk], common[at : at + per_chunk]
+        cut = keep_first(mask[i], m)
+        local[i, j] = local_exploration_score(entropy[i], cut, top_k).double()
+        stability[i, j] = global_stability_score(entropy[i], cut, window).double()
+    m = torch.minimum(n[:, None], n[None, :])
+    has_local = peers & (m >= top_k)
+    has_global = peers & (m > window)
+    difference = torch.where(has_local, weight_local * (local - local.T), torch.zeros_like(local))
+    difference = difference + torch.where(has_global, weight_global * (stability - stability.T), torch.zeros_like(local))
+    return torch.where(peers, torch.sign(difference), order)
+
+
+def order_from_scores(scores: torch.Tensor, peers: torch.Tensor) -> torch.Tensor:
+    """``sign(scores_i - scores_j)`` on ``peers`` pairs, 0 elsewhere, shape [N, N] (scores: [N]); for
+    orders given by one number per response: the placebo's random draw, the length-only control."""
+    s = torch.nan_to_num(scores.double())
+    rows = s.shape[0]
+    peers = peers.bool() & ~torch.eye(rows, dtype=torch.bool, device=peers.device)
+    return torch.where(peers, torch.sign(s[:, None] - s[None, :]), torch.zeros((), dtype=torch.float64))
+
+
+def ranking_peers(ranked: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """[N, N] bool: ranked rows of the same group (each other's peers, a row its own)."""
     ranked = ranked.bool()
-    if torch.isnan(local[ranked]).any():
-        raise ValueError("ranked rows must have a local score (at least one response token)")
-    defined = ranked & ~torch.isnan(stability)
-    same_group = group_index[:, None] == group_index[None, :]
-    donors = same_group & defined[None, :]
-    total = torch.where(donors, torch.nan_to_num(stability.double())[None, :], torch.zeros((), dtype=torch.float64)).sum(dim=1)
-    filled = total / donors.sum(dim=1).clamp(min=1)
-    stability = torch.where(defined, stability.double(), filled)
-    score = weight_local * local.double() + weight_global * stability
-    return torch.where(ranked, score, torch.full_like(score, float("nan"))).to(_float_dtype(local))
+    return (group_index[:, None] == group_index[None, :]) & ranked[:, None] & ranked[None, :]
 
 
 def ranking_bonus(
-    scores: torch.Tensor, tier: torch.Tensor, ranked: torch.Tensor, group_index: torch.Tensor, delta: float
+    order: torch.Tensor, tier: torch.Tensor, ranked: torch.Tensor, group_index: torch.Tensor, delta: float
 ) -> torch.Tensor:
     """Centred rank bonus in ``[-delta/2, delta/2]`` of the ranked rows, 0 elsewhere, shape [N].
 
-    scores: [N] structural-entropy scores (finite on ranked rows); tier: [N] long, compared before the
-    score (higher ranks higher); ranked: [N] bool, the rows to rank (failed, with response tokens);
-    group_index: [N] long, rows ranked together. Ties share the mean of their ranks, so the bonus does
-    not depend on row order and sums to 0 over each group's ranked rows.
+    order: [N, N] pairwise outcome among peers (+1: row i above row j, 0: tie; ``pairwise_entropy_order``
+    or ``order_from_scores``), consulted only between rows of equal tier; tier: [N] long, compared
+    first (higher ranks higher); ranked: [N] bool, the rows to rank (failed, with response tokens);
+    group_index: [N] long, rows ranked together. A row's rank is its wins over its peers plus half its
+    ties (``n - 1`` pairs), so the ranks of a group sum to ``n(n-1)/2`` and the bonus sums to 0 over
+    each group's ranked rows whatever the order; a lone ranked row gets 0.
     """
-    if not (scores.shape == tier.shape == ranked.shape == group_index.shape) or scores.dim() != 1:
+    if not (tier.shape == ranked.shape == group_index.shape) or tier.dim() != 1:
         raise ValueError(
-            f"scores {tuple(scores.shape)}, tier {tuple(tier.shape)}, ranked {tuple(ranked.shape)} and "
-            f"group_index {tuple(group_index.shape)} must all be [N]"
+            f"tier {tuple(tier.shape)}, ranked {tuple(ranked.shape)} and group_index {tuple(group_index.shape)} must all be [N]"
         )
+    if order.shape != (tier.shape[0], tier.shape[0]):
+        raise ValueError(f"order {tuple(order.shape)} must be [N, N] for N = {tier.shape[0]}")
     if delta < 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
-    ranked = ranked.bool()
-    if not torch.isfinite(scores[ranked]).all():
-        raise ValueError("scores of ranked samples must be finite")
-    s = torch.nan_to_num(scores.double())
+    peers = ranking_peers(ranked, group_index)
+    others = peers & ~torch.eye(len(tier), dtype=torch.bool, device=peers.device)
     t = tier.long()
-    # Pairwise comparisons among ranked rows of the same group: O(N²) memory, fine for the few
-    # thousand sequences of one training step.
-    peers = (group_index[:, None] == group_index[None, :]) & ranked[:, None] & ranked[None, :]
-    lower = (t[None, :] < t[:, None]) | ((t[None, :] == t[:, None]) & (s[None, :] < s[:, None]))
-    level = (t[None, :] == t[:, None]) & (s[None, :] == s[:, None])
-    below = (peers & lower).sum(dim=1).double()
-    tied = (peers & level).sum(dim=1).double()
-    rank = below + (tied - 1) / 2
+    wins = others & ((t[:, None] > t[None, :]) | ((t[:, None] == t[None, :]) & (order > 0)))
+    ties = others & (t[:, None] == t[None, :]) & (order == 0)
+    rank = wins.sum(dim=1).double() + 0.5 * ties.sum(dim=1).double()
     n_ranked = peers.sum(dim=1).double()
     bonus = delta * (rank / (n_ranked - 1).clamp(min=1) - 0.5)
-    bonus = torch.where(ranked & (n_ranked > 1), bonus, torch.zeros_like(bonus))
-    return bonus.to(_float_dtype(scores))
+    bonus = torch.where(ranked.bool() & (n_ranked > 1), bonus, torch.zeros_like(bonus))
+    return bonus.to(_float_dtype(order))
+
+
+def lowest_success_advantage(advantages: torch.Tensor, success: torch.Tensor) -> float:
+    """The lowest advantage of a success among ``advantages`` [N] (``success``: [N] bool), +inf
+    without one: the ceiling ``add_failure_bonus`` holds failures to."""
+    success = success.bool()
+    return float(advantages[success].min()) if success.any() else float("inf")
 
 
 def add_failure_bonus(
-    advantages: torch.Tensor, bonus: torch.Tensor, success: torch.Tensor, group_index: torch.Tensor
+    advantages: torch.Tensor, bonus: torch.Tensor, success: torch.Tensor, ceiling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages [N] with ``bonus`` added to the failed rows, capped rows [N] bool).
 
-    advantages, bonus: [N]; success: [N] bool; group_index: [N] long. A failed row's advantage after the
-    bonus is capped at the lowest success advantage of its group (groups without a success have no
-    cap), so no failure ever outranks a success; ``capped`` marks where the cap acted.
+    advantages, bonus: [N]; success: [N] bool; ceiling: the lowest success advantage of the whole step
+    (``lowest_success_advantage``, over every group, and every rank under DDP; +inf without a
+    success). The bonus never lifts a failure above it, so no failure out-advantages a success of any
+    group under any estimator (with ``dr_grpo`` or ``rloo`` at N = 16 a success of a 15/16 group gets
+    +0.06, less than ``delta/2``). A failure the estimator itself put above the ceiling (non-binary
+    rewards) keeps its advantage: the bonus may lower it, not raise it. ``capped`` marks where the cap
+    acted.
     """
-    if not (advantages.shape == bonus.shape == success.shape == group_index.shape) or advantages.dim() != 1:
+    if not (advantages.shape == bonus.shape == success.shape) or advantages.dim() != 1:
         raise ValueError(
-            f"advantages {tuple(advantages.shape)}, bonus {tuple(bonus.shape)}, success {tuple(success.shape)} and "
-            f"group_index {tuple(group_index.shape)} must all be [N]"
+            f"advantages {tuple(advantages.shape)}, bonus {tuple(bonus.shape)} and success {tuple(success.shape)} must all be [N]"
         )
     success = success.bool()
-    same_group = group_index[:, None] == group_index[None, :]
-    succ_adv = torch.where(same_group & success[None, :], advantages[None, :], torch.full_like(advantages, float("inf"))[None, :])
-    ceiling = succ_adv.min(dim=1).values
     raised = advantages + torch.where(success, torch.zeros_like(bonus), bonus)
-    capped = ~success & (raised > ceiling)
-    return torch.where(capped, ceiling, raised), capped
+    limit = torch.clamp(advantages, min=ceiling)
+    capped = ~success & (raised > limit)
+    return torch.where(capped, limit, raised), capped

@@ -103,10 +103,12 @@ def component_checks(
     if replay.enabled:
         checks.append(ComponentCheck("R³ cross-context replay", "data.replay.enabled", "replay/injected"))
     if algorithm.ranking.enabled:
+        # The length-only control is a function of length by design; the placebo's correlation is chance.
         checks.append(ComponentCheck(
             "R³ ranking of failures", "model.algorithm.ranking.enabled", "activity/ranked_failures",
             Degeneracy("activity/ranking_length_corr", 0.95, "abs_mean", True,
-                       "the ranking bonus is a function of response length, not of exploration"),
+                       "the ranking bonus is a function of response length, not of exploration")
+            if algorithm.ranking.order == "entropy" else None,
         ))
     if algorithm.pivotal_credit:
         checks.append(ComponentCheck("R³L pivotal credit", "model.algorithm.pivotal_credit", "activity/pivot_masked_rows"))

@@ -342,7 +342,7 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.agent.max_context_tokens to at least {prompt + answer}"
             )
         budget_of = getattr(self.explorer, "guidance_budget", None)
-        budget = budget_of(self.sampling) if budget_of is not None else None
+        budget = budget_of(self.sampling, self.longest_feedback()) if budget_of is not None else None
         if budget is None:
             return
         guided = max(
@@ -358,6 +358,12 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.agent.max_context_tokens ({limit}); its episodes would end before their first token. Raise "
                 f"data.agent.max_context_tokens to at least {need} (or shorten the explorer's generation budget)"
             )
+
+    def longest_feedback(self) -> str:
+        """The suite's longest feedback after a failed answer, in tokens (``TaskSuite.feedback_texts``; ""
+        when it declares none): what a past attempt shown in context carries at most."""
+        tokenizer = self.connected_loop.tokenizer
+        return max(self.suite.feedback_texts(), key=lambda text: len(tokenizer.encode(text, add_special_tokens=False)), default="")
 
     @property
     def connected_loop(self) -> AgentLoop:

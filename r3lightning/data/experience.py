@@ -5,7 +5,8 @@ trajectories (errored rewards excluded), positive amplification, the masks (pivo
 truncation, SFT rows; meta-task samples as +1 RL rows when the objective says so) and padding. Every
 method goes through it; the SFT warm-start is an exploration with SFT samples only. R³'s ranking
 bonus is applied afterwards to the batch it returns (``data.failure_ranking.rank_failed_rows``), from
-entropies the trainer computes on that batch's RL rows.
+entropies the trainer computes on that batch's RL rows and the advantages kept here
+(``ExperienceBatch.sequence_advantages``: computed once).
 """
 
 from __future__ import annotations
@@ -75,4 +76,6 @@ def make_experience(
         experience.loss_mask = experience.loss_mask.masked_fill(truncated, 0.0)
         experience.advantages = experience.advantages * experience.loss_mask
     experience.temperature = rollout.temperature
+    experience.sequence_advantages = torch.cat([advantages.float(), torch.tensor(
+        [1.0 if positive else 0.0 for positive in as_positive], dtype=torch.float32)])
     return experience, trajectories

@@ -127,6 +127,16 @@ def normalize_answer(answer: str) -> str:
     return answer
 
 
+def numeric_closeness(predicted: str, reference: str) -> Optional[float]:
+    """``1 / (1 + |p - r|)`` for two integer answers (1 when equal, 1/2 one off, 1/11 ten off); None
+    when either is not an integer. The partial credit of a readable wrong answer, for R³'s premise gate
+    (does the ranking order failures by closeness to success?); never a reward."""
+    predicted, reference = normalize_answer(predicted), normalize_answer(reference)
+    if not (_INTEGER.fullmatch(predicted) and _INTEGER.fullmatch(reference)):
+        return None
+    return 1.0 / (1.0 + abs(int(predicted) - int(reference)))
+
+
 def verify_answer(
     predicted: str, reference: str, timeout_s: float = 5.0, verifier: Optional["MathVerifier"] = None
 ) -> bool:
@@ -369,6 +379,9 @@ class MathEnv:
             return self._finish(0.0, FEEDBACK_VERIFIER_ERROR, False, info)
         if correct:
             return self._finish(1.0, FEEDBACK_CORRECT, True, info)
+        credit = numeric_closeness(predicted, self._task.answer)
+        if credit is not None:
+            info["partial_credit"] = credit
         return self._wrong(info, FEEDBACK_INCORRECT)
 
     def _wrong(self, info: dict[str, Any], feedback: str) -> StepResult:
@@ -479,6 +492,10 @@ class MathSuite(TaskSuite):
 
     def val_tasks(self) -> list[Task]:
         return [self._task(item, "val") for item in self._split.val_items()]
+
+    def feedback_texts(self) -> tuple[str, ...]:
+        no_answer = FEEDBACK_NO_NUMBER if self.final_answer == "last_number" else FEEDBACK_NO_ANSWER
+        return (FEEDBACK_INCORRECT, no_answer, FEEDBACK_VERIFIER_ERROR)
 
     def demonstration(self, task: Task) -> Optional[list[str]]:
         """One expert answer: ``\\boxed{answer}`` (the bare answer for ``final_answer: last_number``),

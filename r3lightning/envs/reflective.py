@@ -237,6 +237,9 @@ class ReflectiveSuite(TaskSuite):
     def make_env(self) -> ReflectiveEnv:
         return ReflectiveEnv(self.suite.make_env(), self.show_gnt_in_validation)
 
+    def feedback_texts(self) -> tuple[str, ...]:
+        return self.suite.feedback_texts()
+
     # ---- scripted data --------------------------------------------------------------------------
     def critic(self) -> Optional[Callable[[Task, str], Optional[str]]]:
         """The wrapped suite's scripted critic, ``(direct task, wrong response) -> critique text``, or

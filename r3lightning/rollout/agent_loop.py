@@ -113,6 +113,7 @@ class _Episode:
     env_error: str = ""
     reward_invalid: bool = False
     reward_clipped: bool = False
+    partial_credit: Optional[float] = None
 
 
 def resolve_action_format(suite: TaskSuite, config: AgentLoopConfig) -> AgentLoopConfig:
@@ -443,6 +444,8 @@ class AgentLoop:
         self._take_reward(ep, result.reward)
         if result.info.get("reward_error"):
             ep.reward_error = True
+        credit = result.info.get("partial_credit")
+        ep.partial_credit = float(credit) if isinstance(credit, (int, float)) and math.isfinite(credit) else None
         if result.done:
             ep.done, ep.success = True, bool(result.info.get("success", ep.reward >= 1.0))
             ep.end_reason = "length" if finish_reason == "length" and not ep.success else "done"
@@ -498,6 +501,7 @@ class AgentLoop:
             rejected_actions=ep.rejected_actions,
             guided_turn=ep.guided_turn,
             env_error=ep.env_error,
+            partial_credit=ep.partial_credit,
             reward_invalid=ep.reward_invalid,
             reward_clipped=ep.reward_clipped,
         )

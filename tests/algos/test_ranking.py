@@ -9,9 +9,13 @@ from r3lightning.algos.advantages import compute_advantages
 from r3lightning.algos.ranking import (
     add_failure_bonus,
     global_stability_score,
+    keep_first,
     local_exploration_score,
+    lowest_success_advantage,
+    order_from_scores,
+    pairwise_entropy_order,
     ranking_bonus,
-    structural_entropy_score,
+    ranking_peers,
 )
 
 NAN = float("nan")
@@ -55,16 +59,29 @@ def test_global_stability_skips_unmasked_tokens_and_keeps_short_last_window():
     assert global_stability_score(entropy, mask, window=3).item() == pytest.approx(-3.0)
 
 
-def test_structural_score_is_weighted_sum_and_fills_undefined_stability_from_its_group():
-    local = torch.tensor([5.0, 1.0, 2.0, 4.0, 3.0, 0.5])
-    stability = torch.tensor([-1.0, -3.0, NAN, NAN, -2.0, -7.0])
-    ranked = torch.tensor([True, True, True, True, True, False])
-    groups = torch.tensor([0, 0, 0, 1, 0, 0])
-    score = structural_entropy_score(local, stability, ranked, groups, weight_local=2.0, weight_global=0.5)
-    # group 0's defined stabilities among ranked rows: -1, -3, -2 (row 5 is not ranked) -> mean -2;
-    # group 1 has none -> 0
-    expected = [10 - 0.5, 2 - 1.5, 4 - 1.0, 8 + 0.0, 6 - 1.0, NAN]
-    assert score.tolist() == pytest.approx(expected, nan_ok=True)
+def test_keep_first_cuts_each_row_to_its_first_masked_tokens():
+    mask = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert keep_first(mask, torch.tensor([2, 5])).long().tolist() == [[1, 0, 1, 0, 0], [1, 1, 1, 0, 0]]
+
+
+def test_pairs_are_compared_on_the_tokens_both_have_hand_computed():
+    # a: 4 tokens, b: 6 tokens, c: 1 token; top_k 2, window 2, weights 1 and 2.
+    entropy, mask = _rows([[1.0, 3.0, 0.0, 2.0], [2.0, 2.0, 0.0, 0.0, 9.0, 9.0], [7.0]])
+    peers = torch.ones(3, 3, dtype=torch.bool)
+    order = pairwise_entropy_order(entropy, mask, peers, top_k=2, window=2, weight_local=1.0, weight_global=2.0)
+    # a vs b on 4 tokens: L_a = (3 + 2) / 2 = 2.5, L_b = 2; windows a: 2, 1 -> G = -0.5; b: 2, 0 -> G = -1
+    #   S_a = 2.5 - 1 = 1.5 > S_b = 2 - 2 = 0 (b's 9s at tokens 5-6 are not compared)
+    # c vs anyone on 1 token: no top-2, no two windows -> tie
+    assert order.tolist() == [[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    # on 3 tokens (b cut) the two-window scale needs m > window: a vs b at window 3 compare L only
+    order = pairwise_entropy_order(entropy, mask, peers, top_k=2, window=4, weight_local=1.0, weight_global=2.0)
+    assert order[0, 1] == 1.0 and order[1, 0] == -1.0  # 2.5 > 2 on L alone
+
+
+def test_order_from_scores_is_antisymmetric_on_peers_only():
+    peers = ranking_peers(torch.tensor([True, True, False, True]), torch.tensor([0, 0, 0, 1]))
+    order = order_from_scores(torch.tensor([0.5, 0.1, 9.0, 3.0]), peers)
+    assert order.tolist() == [[0.0, 1.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.0] * 4, [0.0] * 4]
 
 
 def test_flat_and_bursty_profiles_are_ordered_by_the_formula():
@@ -74,9 +91,10 @@ def test_flat_and_bursty_profiles_are_ordered_by_the_formula():
     stability = global_stability_score(entropy, mask, window=4)  # flat windows 1, 1 -> 0; bursty 0.5, 1.5 -> -0.5
     assert local.tolist() == pytest.approx([1.0, 2.5])
     assert stability.tolist() == pytest.approx([0.0, -0.5])
-    both, group = torch.ones(2, dtype=torch.bool), torch.zeros(2, dtype=torch.long)
-    assert structural_entropy_score(local, stability, both, group, 1.0, 1.0).tolist() == pytest.approx([1.0, 2.0])
-    assert structural_entropy_score(local, stability, both, group, 1.0, 4.0).tolist() == pytest.approx([1.0, 0.5])
+    peers = torch.ones(2, 2, dtype=torch.bool)
+    # S = L + G: flat 1, bursty 2 -> bursty wins; S = L + 4 G: flat 1, bursty 0.5 -> flat wins
+    assert pairwise_entropy_order(entropy, mask, peers, 2, 4, 1.0, 1.0)[1, 0] == 1.0
+    assert pairwise_entropy_order(entropy, mask, peers, 2, 4, 1.0, 4.0)[1, 0] == -1.0
 
 
 @settings(deadline=None)
@@ -84,11 +102,8 @@ def test_flat_and_bursty_profiles_are_ordered_by_the_formula():
 def test_score_does_not_move_with_length_at_a_constant_entropy_profile(level, top_k, window, max_len):
     lengths = list(range(1, max_len + 1))
     entropy, mask = _rows([[level] * n for n in lengths])
-    local = local_exploration_score(entropy, mask, top_k)
-    stability = global_stability_score(entropy, mask, window)
-    ranked, group = torch.ones(len(lengths), dtype=torch.bool), torch.zeros(len(lengths), dtype=torch.long)
-    score = structural_entropy_score(local, stability, ranked, group, 1.0, 1.0)
-    assert score.tolist() == pytest.approx([score[0].item()] * len(lengths))
+    peers = torch.ones(len(lengths), len(lengths), dtype=torch.bool)
+    assert not pairwise_entropy_order(entropy, mask, peers, top_k, window, 1.0, 1.0).any()
 
 
 def _empty_box_group() -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,24 +116,36 @@ def _empty_box_group() -> tuple[torch.Tensor, torch.Tensor]:
     return _rows([ok6, ok6b, ok7, ok6, ok6b, ok7, ok6, empty])
 
 
-@pytest.mark.parametrize("top_k, window", [(2, 3), (2, 4), (3, 2), (1, 3)])
+@pytest.mark.parametrize("top_k, window", [(2, 3), (2, 4), (3, 2)])
 def test_the_empty_box_does_not_rank_first_by_its_entropies(top_k, window):
     entropy, mask = _empty_box_group()
     n = entropy.shape[0]
     ranked, group = torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
-    local = local_exploration_score(entropy, mask, top_k)
-    stability = global_stability_score(entropy, mask, window)
-    score = structural_entropy_score(local, stability, ranked, group, 1.0, 1.0)
+    order = pairwise_entropy_order(entropy, mask, ranking_peers(ranked, group), top_k, window, 1.0, 1.0)
     # Same tier for all (the entropies alone decide): the empty box is last or level with the last.
-    bonus = ranking_bonus(score, torch.ones(n, dtype=torch.long), ranked, group, delta=0.2)
+    bonus = ranking_bonus(order, torch.ones(n, dtype=torch.long), ranked, group, delta=0.2)
     assert bonus[-1] <= bonus[:-1].min() + 1e-12
+
+
+@pytest.mark.parametrize("top_k, window", [(2, 3), (2, 4), (3, 2), (1, 3)])
+def test_the_empty_box_ranks_last_by_its_tier(top_k, window):
+    # At (1, 3) the entropies alone put the empty box first: on the five tokens all share, its fifth
+    # (0.10) is calmer than the others' (0.15-0.60), so its two windows spread least. The environment
+    # cannot read an empty box (tier 0), and the tier is compared first.
+    entropy, mask = _empty_box_group()
+    n = entropy.shape[0]
+    ranked, group = torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
+    order = pairwise_entropy_order(entropy, mask, ranking_peers(ranked, group), top_k, window, 1.0, 1.0)
+    tier = torch.tensor([1] * (n - 1) + [0])
+    bonus = ranking_bonus(order, tier, ranked, group, delta=0.2)
+    assert bonus[-1] == pytest.approx(-0.1) and bonus[:-1].min() > -0.1
 
 
 def test_a_readable_wrong_answer_ranks_above_an_unreadable_one_whatever_the_scores():
     scores = torch.tensor([0.1, 5.0, 0.2])
     tier = torch.tensor([1, 0, 1])
     ranked, group = torch.ones(3, dtype=torch.bool), torch.zeros(3, dtype=torch.long)
-    bonus = ranking_bonus(scores, tier, ranked, group, delta=0.2)
+    bonus = ranking_bonus(order_from_scores(scores, ranking_peers(ranked, group)), tier, ranked, group, delta=0.2)
     # order: (0, 5.0) < (1, 0.1) < (1, 0.2) -> ranks 1, 0, 2 of 3 -> 0.2 * (rank / 2 - 1/2)
     assert bonus.tolist() == pytest.approx([0.0, -0.1, 0.1])
 
@@ -130,7 +157,7 @@ def test_ranking_bonus_hand_computed():
     groups = torch.tensor([0, 2, 0, 1, 2, 0, 2, 0, 1])
     ranked = torch.tensor([True, True, True, False, True, True, True, False, True])
     tier = torch.ones(9, dtype=torch.long)
-    bonus = ranking_bonus(scores, tier, ranked, groups, delta=0.4)
+    bonus = ranking_bonus(order_from_scores(scores, ranking_peers(ranked, groups)), tier, ranked, groups, delta=0.4)
     # group 0 ranks 1, 2, 0 of 3 -> 0.4 * {0, 1/2, -1/2}; group 1 lone -> 0
     # group 2: 0.2 has rank 0; the tied 0.5s share ranks 1 and 2 (1.5 of 2) -> 0.4 * 1/4 each
     expected = [0.0, 0.1, 0.2, 0.0, 0.1, -0.2, -0.2, 0.0, 0.0]
@@ -139,19 +166,23 @@ def test_ranking_bonus_hand_computed():
 
 def test_ranking_bonus_rejects_negative_delta():
     with pytest.raises(ValueError, match="delta must be >= 0"):
-        ranking_bonus(torch.zeros(1), torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.bool),
+        ranking_bonus(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.bool),
                       torch.zeros(1, dtype=torch.long), delta=-0.1)
 
 
-def test_failure_bonus_is_capped_at_the_lowest_success_advantage():
-    advantages = torch.tensor([1.0, 0.5, -0.3, -0.4, 0.0, 0.0])
-    bonus = torch.tensor([0.0, 0.0, 0.9, 0.1, 0.1, -0.1])
-    success = torch.tensor([True, True, False, False, False, False])
-    groups = torch.tensor([0, 0, 0, 0, 1, 1])
-    adjusted, capped = add_failure_bonus(advantages, bonus, success, groups)
-    # row 2: -0.3 + 0.9 = 0.6 > 0.5 (lowest success of group 0) -> 0.5; group 1 has no success: no cap
-    assert adjusted.tolist() == pytest.approx([1.0, 0.5, 0.5, -0.3, 0.1, -0.1])
-    assert capped.tolist() == [False, False, True, False, False, False]
+def test_failure_bonus_is_capped_at_the_steps_lowest_success_advantage():
+    advantages = torch.tensor([1.0, 0.5, -0.3, -0.4, 0.0, 0.0, 0.7])
+    bonus = torch.tensor([0.0, 0.0, 0.9, 0.1, 0.6, -0.1, 0.2])
+    success = torch.tensor([True, True, False, False, False, False, False])
+    ceiling = lowest_success_advantage(advantages, success)
+    assert ceiling == pytest.approx(0.5)
+    adjusted, capped = add_failure_bonus(advantages, bonus, success, ceiling)
+    # row 2: -0.3 + 0.9 = 0.6 > 0.5 -> 0.5; row 4, in a group without a success: 0.6 -> 0.5 as well (the
+    # cap is the step's); row 6, a failure the estimator put at 0.7 (non-binary reward): the bonus may
+    # not raise it, and the cap does not lower it below its own advantage
+    assert adjusted.tolist() == pytest.approx([1.0, 0.5, 0.5, -0.3, 0.5, -0.1, 0.7])
+    assert capped.tolist() == [False, False, True, False, True, False, True]
+    assert lowest_success_advantage(advantages, torch.zeros(7, dtype=torch.bool)) == math.inf
 
 
 @st.composite
@@ -174,11 +205,11 @@ def test_a_failure_never_outranks_a_success_in_advantage(batch, estimator, delta
     rewards = success.double()
     ranked = ~success & generated
     advantages = compute_advantages(rewards, groups, estimator)
-    bonus = ranking_bonus(scores, tier, ranked, groups, delta)
-    adjusted, _ = add_failure_bonus(advantages, bonus, success, groups)
+    bonus = ranking_bonus(order_from_scores(scores, ranking_peers(ranked, groups)), tier, ranked, groups, delta)
+    adjusted, _ = add_failure_bonus(advantages, bonus, success, lowest_success_advantage(advantages, success))
     for i in range(len(rewards)):
         for j in range(len(rewards)):
-            if groups[i] == groups[j] and success[i] and not success[j]:
+            if success[i] and not success[j]:  # any two groups
                 assert adjusted[j] <= adjusted[i] + 1e-12
     # the bonus is centred: it adds nothing to a group's failures on the whole, and spans at most delta
     for g in groups.unique():
@@ -194,8 +225,9 @@ def test_ranking_bonus_is_invariant_to_sample_order(batch, data):
     scores, tier, success, groups, generated = batch
     ranked = ~success & generated
     perm = torch.tensor(data.draw(st.permutations(range(len(scores)))))
-    out = ranking_bonus(scores, tier, ranked, groups, 0.5)
-    permuted = ranking_bonus(scores[perm], tier[perm], ranked[perm], groups[perm], 0.5)
+    out = ranking_bonus(order_from_scores(scores, ranking_peers(ranked, groups)), tier, ranked, groups, 0.5)
+    permuted = ranking_bonus(order_from_scores(scores[perm], ranking_peers(ranked[perm], groups[perm])), tier[perm],
+                             ranked[perm], groups[perm], 0.5)
     unpermuted = torch.empty_like(permuted)
     unpermuted[perm] = permuted
     assert torch.equal(unpermuted, out)

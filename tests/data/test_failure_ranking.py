@@ -25,9 +25,10 @@ def entropy_rows(profiles: list[list[float]], width: int) -> tuple[torch.Tensor,
     return entropy, mask
 
 
-def test_tiers_put_unreadable_failures_below_readable_and_truncated_ones():
+def test_tiers_put_unreadable_failures_below_readable_ones_truncated_or_not():
     assert failure_tier(traj(0.0, 3)) == 1
-    assert failure_tier(traj(0.0, 3, truncated=True, rejected=1)) == 1
+    assert failure_tier(traj(0.0, 3, truncated=True)) == 1
+    assert failure_tier(traj(0.0, 3, truncated=True, rejected=1)) == 0
     assert failure_tier(traj(0.0, 3, rejected=1)) == 0
 
 
@@ -81,4 +82,60 @@ def test_the_collated_batch_gets_the_bonus_on_its_rl_rows_only():
     assert experience.advantages[:4].tolist() == (adjusted.unsqueeze(1) * experience.loss_mask[:4]).tolist()
     assert adjusted[1] > -0.25 and experience.advantages[3].abs().sum() == 0  # the fork ranks first; truncated: masked
     assert torch.equal(experience.advantages[4], sft_before)
-    assert activity == expected_activity and activity.ranked == 3
+    assert activity.metrics() == expected_activity.metrics() and activity.ranked == 3
+
+
+def credited(reward: float, tokens: int, credit) -> Trajectory:
+    t = traj(reward, tokens)
+    t.partial_credit = credit
+    return t
+
+
+def test_the_premise_gate_correlates_the_bonus_with_closeness_to_success():
+    # Four readable wrong answers whose entropy fork falls as they come closer to the reference: the
+    # entropy order is the reverse of closeness, the gate reads -1. An answer without a credit (one the
+    # environment could not compare) is ranked but left out of the gate.
+    group = Group("t", [credited(0.0, 4, c) for c in (0.1, 0.2, 0.5, 1 / 3)] + [credited(0.0, 4, None)])
+    entropy, mask = entropy_rows([[0.1, 3.0, 0.1, 0.1], [0.1, 2.0, 0.1, 0.1], [0.1, 0.5, 0.1, 0.1],
+                                  [0.1, 1.0, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1]], width=4)
+    cfg = RankingConfig(enabled=True, top_k=1, window=4, delta=0.2)
+    _, activity = rank_failures([group], torch.zeros(5), entropy, mask, cfg, max_reward=1.0)
+    # bonus ranks 4, 3, 0, 2 of the credited ones (the uncredited one is rank 1), credits 0.1, 0.2, 0.5, 1/3
+    bonus = torch.tensor([4.0, 3.0, 0.0, 2.0]) * 0.05 - 0.1
+    credit = torch.tensor([0.1, 0.2, 0.5, 1 / 3], dtype=torch.float64)
+    b, c = bonus.double() - bonus.double().mean(), credit - credit.mean()
+    assert activity.credit_corr == pytest.approx(float((b * c).sum() / (b.norm() * c.norm())))
+    assert activity.credit_corr < -0.9 and activity.credit_samples == 4
+    assert activity.metrics()["activity/ranking_credit_corr"] == pytest.approx(activity.credit_corr)
+
+
+def test_the_placebo_orders_at_random_and_the_length_control_shorter_first():
+    lengths = [5, 3, 8, 6, 4, 7]
+    group = Group("t", [traj(0.0, n) for n in lengths])
+    entropy, mask = entropy_rows([[1.0] * n for n in lengths], width=8)  # the entropy order: all tie
+    by_length, activity = rank_failures([group], torch.zeros(6), entropy, mask, RankingConfig(enabled=True, order="length"), 1.0)
+    assert by_length.tolist() == pytest.approx([0.2 * (r / 5 - 0.5) for r in (3, 5, 0, 2, 4, 1)])
+    assert activity.length_corr == pytest.approx(-1.0)
+    placebo = RankingConfig(enabled=True, order="placebo")
+    draws = [rank_failures([group], torch.zeros(6), entropy, mask, placebo, 1.0, torch.Generator().manual_seed(s))[0]
+             for s in (0, 0, 1)]
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])  # seeded, and a real draw
+    for bonus in draws:  # a permutation of the same centred bonus
+        assert sorted(bonus.tolist()) == pytest.approx(sorted(by_length.tolist()))
+    with pytest.raises(ValueError, match="placebo' needs a generator"):
+        rank_failures([group], torch.zeros(6), entropy, mask, placebo, 1.0)
+
+
+def test_the_control_presets_are_r3_but_for_the_order():
+    import yaml
+    from pathlib import Path
+
+    presets = Path(__file__).resolve().parents[2] / "configs" / "algorithms"
+    r3 = yaml.safe_load((presets / "r3.yaml").read_text())
+    assert r3["model"]["algorithm"]["ranking"]["order"] == "entropy"
+    for order in ("placebo", "length"):
+        control = yaml.safe_load((presets / f"r3_ranking_{order}.yaml").read_text())
+        assert control["model"]["algorithm"]["ranking"].pop("order") == order
+        expected = yaml.safe_load((presets / "r3.yaml").read_text())
+        expected["model"]["algorithm"]["ranking"].pop("order")
+        assert control == expected

@@ -101,8 +101,10 @@ class Explorer(Protocol):
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
         """Run episodes for ``tasks`` within ``spec.group_size`` episodes per task."""
 
-    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
-        """What this explorer adds to a task's first prompt at most (None: nothing)."""
+    def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:
+        """What this explorer adds to a task's first prompt at most (None: nothing). ``feedback`` is the
+        longest feedback the suite writes after a failed answer (``TaskSuite.feedback_texts``), for
+        explorers that show a past attempt with its feedback."""
 
 
 def groups_in_order(tasks: list[Task], trajectories: list[Trajectory], group_size: int) -> list[Group]:
@@ -133,5 +135,5 @@ class SampleExplorer:
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:
         return Exploration(groups=sample_groups(tasks, loop, spec))
 
-    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+    def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:
         return None

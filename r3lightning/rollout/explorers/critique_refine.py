@@ -72,7 +72,7 @@ class CritiqueRefineExplorer:
         attempt = "\n".join(step_lines(trajectory)) or "(no steps)"
         return self.refinement_template.format(attempt=attempt, critique=critique).strip()
 
-    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+    def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:
         """The refinement template around a past answer (``max_new_tokens``) and a critique."""
         text = self.refinement_template.format(attempt="", critique="").strip()
         return GuidanceBudget(text, sampling.max_new_tokens + self.max_critique_tokens)

@@ -61,9 +61,12 @@ class InContextReflectionExplorer:
     def traits(self) -> ExplorerTraits:
         return ExplorerTraits(uses_history=True, distilled_samples=self.distill)
 
-    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
-        """The template around a past answer of at most ``max_new_tokens`` tokens (and its feedback)."""
-        return GuidanceBudget(self.template.format(attempt="\nFeedback: (no feedback)").strip(), sampling.max_new_tokens)
+    def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:
+        """The template around a past answer of at most ``max_new_tokens`` tokens and ``feedback``, the
+        longest the suite writes (``attempt_text``'s layout; ``(no feedback)`` when none is declared)."""
+        return GuidanceBudget(
+            self.template.format(attempt=f"\nFeedback: {feedback or '(no feedback)'}").strip(), sampling.max_new_tokens
+        )
 
     def past_failure(self, task: Task, spec: ExplorationSpec) -> Trajectory | None:
         """A stored failed attempt of ``task`` when the task is on a failure streak, else None."""

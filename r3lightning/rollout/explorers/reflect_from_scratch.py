@@ -86,7 +86,7 @@ class ReflectFromScratchExplorer:
             load_template(guidance_template, "guidance.txt"),
         )
 
-    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+    def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:
         return self.reflector.guidance_budget()
 
     def explore(self, tasks: list[Task], loop: AgentLoop, spec: ExplorationSpec) -> Exploration:

@@ -136,7 +136,7 @@ class ReflectRetryExplorer:
             return ExplorerTraits(reflects=True)
         return ExplorerTraits(sets_pivots=True, sft_samples=self.meta_tasks, distilled_samples=True, reflects=True)
 
-    def guidance_budget(self, sampling: SamplingParams) -> Optional[GuidanceBudget]:
+    def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:
         """A retry from the first turn shows the reflection's guidance with the task's prompt."""
         return self.reflector.guidance_budget() if self.retry else None
 

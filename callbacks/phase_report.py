@@ -41,6 +41,8 @@ RECORDED_FIGURES = (
     "activity/ranking_bonus_abs_mean",
     "activity/ranked_failures",
     "activity/ranking_length_corr",
+    "activity/ranking_credit_corr",
+    "activity/ranking_credit_samples",
     "activity/sft_rows",
     "activity/amplified_rows",
     "activity/pivot_masked_rows",
@@ -48,6 +50,8 @@ RECORDED_FIGURES = (
     "rollout/in_context_episodes",
     "rollout/in_context_tokens",
     "rollout/in_context_unplayed",
+    "rollout/in_context_success_rate",
+    "rollout/in_context_plain_success_rate",
     "replay/injected",
     "rollout/invalid_action_rate",
 )

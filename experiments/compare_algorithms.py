@@ -133,6 +133,9 @@ PER_SEED_FIGURES = ("rollout/retry_improvement_rate", "rollout/pivot_accuracy", 
 LAST_STEPS_FIGURES = (
     "rollout/rejected_action_rate", "rollout/response_len_generated", "train/zero_variance_group_rate",
     "rollout/in_context_tokens", "activity/ranking_length_corr", "reward/success_rate",
+    # premise gates (issue 62): does the ranking order failures by closeness to success; does a past
+    # attempt in context help against the plain samples of the same tasks
+    "activity/ranking_credit_corr", "rollout/in_context_success_rate", "rollout/in_context_plain_success_rate",
 )
 
 

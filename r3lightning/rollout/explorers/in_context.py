@@ -99,11 +99,15 @@ class InContextReflectionExplorer:
                 members = [t for t in kept if t.origin != "in_context"]
             groups.append(Group(task.task_id, members, task))
         guided_runs = [t for t in runs if t.origin == "in_context"]
+        # The premise gate: the plain samples of the same qualifying tasks, in the same step.
+        qualifying = {task.task_id for task, guided in zip(tasks, counts) if guided}
+        plain_runs = [t for t in runs if t.origin != "in_context" and t.task_id in qualifying]
         return Exploration(
             groups=groups,
             metrics={
                 "rollout/in_context_task_rate": sum(c > 0 for c in counts) / max(len(tasks), 1),
                 "rollout/in_context_success_rate": sum(t.success for t in guided_runs) / len(guided_runs) if guided_runs else 0.0,
+                "rollout/in_context_plain_success_rate": sum(t.success for t in plain_runs) / len(plain_runs) if plain_runs else 0.0,
                 "rollout/in_context_dropped": float(dropped),
                 "rollout/in_context_episodes": float(len(guided_runs)),
                 "rollout/in_context_tokens": float(sum(t.num_response_tokens for t in guided_runs)),

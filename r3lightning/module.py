@@ -45,6 +45,32 @@ from r3lightning.types import ExperienceBatch, Trajectory
 class R3LightningModule(L.LightningModule):
     """Policy + RL head + SFT head, trained with manual optimization.
 
+    Example: GRPO on single-digit arithmetic with a tiny policy built in memory, two steps on a CPU
+    (``r3l fit --config recipe.yaml`` builds the same pair from YAML)::
+
+        import lightning as L
+
+        from r3lightning.algos.objective import AlgorithmConfig
+        from r3lightning.data.datamodule import RolloutDataModule
+        from r3lightning.engines.base import SamplingParams
+        from r3lightning.envs.math_env import MathSuite
+        from r3lightning.module import R3LightningModule
+        from r3lightning.rollout.agent_loop import AgentLoopConfig
+        from r3lightning.training.models import ModelConfig, TinyModelSpec
+
+        policy = TinyModelSpec(hidden_size=64, num_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                               intermediate_size=128, vocab_size=400)
+        module = R3LightningModule(model=ModelConfig(tiny=policy), algorithm=AlgorithmConfig(advantage="grpo"))
+        data = RolloutDataModule(
+            MathSuite(source="arithmetic", num_val_tasks=4),
+            group_size=4,
+            tasks_per_step=2,
+            sampling=SamplingParams(max_new_tokens=6),
+            agent=AgentLoopConfig(action_format="raw"),
+        )
+        trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False)
+        trainer.fit(module, data)
+
     Args:
         model: which policy to train (a hub/local model, or a tiny model built from a spec).
         algorithm: the RL objective (advantage, amplification, credit, policy loss, KL, aggregation).

@@ -40,6 +40,7 @@ from r3lightning.checkpointing.read import read_checkpoint
 from r3lightning.checkpointing.resume import check_resume, plain
 from r3lightning.cli.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
 from r3lightning.cli.export import main as export_main
+from r3lightning.cli.moved_names import check_moved_class_paths
 from r3lightning.cli.progress import StepProgressBar
 from r3lightning.cli.reflectrl import main as reflectrl_main
 from r3lightning.data.datamodule import RolloutDataModule
@@ -280,6 +281,7 @@ class R3LightningCLI(LightningCLI):
         status 2, not with jsonargparse's whole usage text above the message."""
         argv = args if args is not None else sys.argv[1:]
         check_config_files(argv)
+        check_moved_class_paths(argv)
         use_strict_yaml()  # YAML read by jsonargparse (config files, values) refuses repeated keys too
         parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
         exits = [p.exit_on_error for p in parsers]

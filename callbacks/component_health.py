@@ -16,11 +16,16 @@ from typing import Optional
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
+from r3lightning.callbacks.update_size import update_kl
 from r3lightning.data.components import TEACHER_CHECK, ComponentCheck, component_checks
 
 
 class InertComponentError(ValueError):
     """A strict run found a switched-on component inert or degenerate."""
+
+
+class UpdateSizeError(ValueError):
+    """A strict run made an RL update larger than ``health.update_kl_max``."""
 
 
 class _Tally:
@@ -61,16 +66,33 @@ class ComponentHealth(L.Callback):
 
     ``r3l`` adds it to every fit; its settings are the ``health:`` section (``--health.strict true``).
 
+    It also guards the size of each RL update (``callbacks/update_size.py``): after every RL step it
+    logs ``health/update_kl``, the KL from the policy that sampled the step to the updated one on the
+    step's own tokens, and one above ``update_kl_max`` is reported with the numbers and what to change
+    (strict: the run stops before the next step).
+
     Args:
         after_steps: RL steps with a component on after which it is judged (a shorter fit judges at its end).
-        strict: raise ``InertComponentError`` (exit status 1 under ``r3l``) instead of warning.
+        strict: raise ``InertComponentError`` or ``UpdateSizeError`` (exit status 1 under ``r3l``) instead of warning.
+        update_kl_max: the largest per-token KL(behaviour || updated policy) one RL step may reach before it is
+            reported (null: not measured). Healthy steps stay around 1e-3 to 1e-2 nats/token; a learning rate
+            that wrecks a pretrained model in one update gives whole nats.
+        update_kl_rows: RL rows of the step the KL is measured on (one extra forward pass of that many rows).
     """
 
-    def __init__(self, after_steps: int = 20, strict: bool = False) -> None:
+    def __init__(self, after_steps: int = 20, strict: bool = False, update_kl_max: Optional[float] = 1.0,
+                 update_kl_rows: int = 8) -> None:
         if after_steps < 1:
             raise ValueError(f"health.after_steps must be >= 1, got {after_steps}")
+        if update_kl_max is not None and not update_kl_max > 0:
+            raise ValueError(f"health.update_kl_max must be > 0 (or null), got {update_kl_max}")
+        if update_kl_rows < 1:
+            raise ValueError(f"health.update_kl_rows must be >= 1, got {update_kl_rows}")
         self.after_steps = after_steps
         self.strict = strict
+        self.update_kl_max = update_kl_max
+        self.update_kl_rows = update_kl_rows
+        self.update_warned = False
         self.tallies: list[_Tally] = []
         self.findings: list[str] = []
 
@@ -86,6 +108,7 @@ class ComponentHealth(L.Callback):
         metrics = getattr(pl_module, "last_step_metrics", {}) or {}
         if metrics.get("train/phase_rl", 0.0) != 1.0:
             return
+        self._check_update_size(trainer, pl_module)
         if getattr(pl_module, "teacher", None) is not None and getattr(pl_module, "teacher_kl_coef", 0.0) > 0:
             if not any(t.check is TEACHER_CHECK for t in self.tallies):
                 self.tallies.append(_Tally(TEACHER_CHECK))
@@ -95,6 +118,30 @@ class ComponentHealth(L.Callback):
             if not tally.judged:
                 tally.add(metrics)
         self._judge([t for t in self.tallies if not t.judged and t.steps >= self.after_steps])
+
+    def _check_update_size(self, trainer, pl_module) -> None:
+        experience = getattr(pl_module, "last_experience", None)
+        if self.update_kl_max is None or experience is None or getattr(pl_module, "policy", None) is None:
+            return
+        measured = update_kl(pl_module.policy, experience, self.update_kl_rows)
+        if measured is None:
+            return
+        kl, tokens = measured
+        pl_module.log("health/update_kl", kl, on_step=True, on_epoch=False, batch_size=1)
+        if kl <= self.update_kl_max or (self.update_warned and not self.strict):
+            return
+        self.update_warned = True
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+        message = (
+            f"health: RL step {trainer.global_step} moved the policy by KL {kl:.3g} nats/token (from the policy that "
+            f"sampled the step to the updated one, on {tokens} of the step's own tokens), above health.update_kl_max="
+            f"{self.update_kl_max:g}; an update this large usually wrecks a pretrained model. The learning rate was "
+            f"{lr:.3g}: lower model.optim.lr (1e-6 to 1e-5 suits a pretrained model) or the largest gradient norm "
+            "model.optim.grad_clip"
+        )
+        if self.strict:
+            raise UpdateSizeError(f"health.strict: {message} (the run stops before the next step)")
+        rank_zero_warn(f"[r3lightning] {message}")
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._judge([t for t in self.tallies if not t.judged and t.steps > 0])

@@ -40,6 +40,7 @@ from r3lightning.checkpointing.read import read_checkpoint
 from r3lightning.checkpointing.resume import check_resume, plain
 from r3lightning.cli.config_yaml import DuplicateKeyError, check_no_duplicate_keys, use_strict_yaml
 from r3lightning.cli.export import main as export_main
+from r3lightning.cli.wandb_check import check_wandb_loggers
 from r3lightning.cli.moved_names import check_moved_class_paths
 from r3lightning.cli.progress import StepProgressBar
 from r3lightning.cli.reflectrl import main as reflectrl_main
@@ -244,6 +245,7 @@ class R3LightningCLI(LightningCLI):
             # Checkpoint files are written to a temporary file and renamed: never half-written.
             config = {**config, "plugins": [*plugins, AtomicCheckpointIO()]}
         trainer = super()._instantiate_trainer(config, callbacks)
+        check_wandb_loggers(trainer.loggers)
         for logger in trainer.loggers:
             # TensorBoard's hp_metric is -1 for the whole run: nothing here reports one.
             if hasattr(logger, "_default_hp_metric"):
@@ -410,6 +412,10 @@ def _checkpoint_dirs_of(trainer: Any) -> tuple[list[str], Optional[tuple[str, st
     init_args = get(logger, "init_args")
     save_dir = get(init_args, "save_dir") if init_args is not None else getattr(logger, "save_dir", None)
     name = get(init_args, "name") if init_args is not None else getattr(logger, "name", None)
+    if str(get(logger, "class_path", "")).endswith("WandbLogger"):
+        # W&B files the run under its project, in save_dir (or dir; default the working directory), by run id.
+        project = get(init_args, "project") or os.environ.get("WANDB_PROJECT") or "lightning_logs"
+        return dirs, (str(save_dir or get(init_args, "dir") or "."), str(project)), root
     return dirs, (str(save_dir or root), str(name if name is not None else "lightning_logs")), root
 def resolve_sampling_seed(section: Any) -> None:
     """An unset ``data.seed`` in a parsed ``fit``/``validate`` section becomes the run's

@@ -8,28 +8,31 @@ import re
 import sys
 from typing import Optional
 
-MOVED_MODULES = {
-    "r3lightning.checkpoint_io": "r3lightning.checkpointing.io",
-    "r3lightning.checkpoints": "r3lightning.training.checkpoint_state",
-    "r3lightning.export": "r3lightning.checkpointing.export",
-    "r3lightning.models": "r3lightning.training.models",
-    "r3lightning.optim": "r3lightning.training.optim",
-    "r3lightning.resume_check": "r3lightning.checkpointing.resume",
-    "r3lightning.state_checks": "r3lightning.data.state_checks",
-    "r3lightning.data.gnt_pool": "r3lightning.data.reflectrl.gnt_pool",
-    "r3lightning.data.reflective_sft": "r3lightning.data.reflectrl.reflective_sft",
-    "r3lightning.rollout.critique_refine": "r3lightning.rollout.explorers.critique_refine",
-    "r3lightning.rollout.in_context": "r3lightning.rollout.explorers.in_context",
-    "r3lightning.rollout.reflect_from_scratch": "r3lightning.rollout.explorers.reflect_from_scratch",
-    "r3lightning.rollout.reflect_retry": "r3lightning.rollout.explorers.reflect_retry",
-    "r3lightning.rollout.reflection": "r3lightning.rollout.explorers.reflection",
-    "r3lightning.rollout.engine": "r3lightning.engines.base",
-    "r3lightning.rollout.engine_config": "r3lightning.engines.config",
-    "r3lightning.rollout.hf_engine": "r3lightning.engines.hf.engine",
-    "r3lightning.rollout.vllm_engine": "r3lightning.engines.vllm.engine",
-    "r3lightning.rollout.sampling": "r3lightning.engines.hf.sampling",
+PACKAGE = "r3lightning"
+RENAMED = {
+    "checkpoint_io": "checkpointing.io",
+    "checkpoints": "training.checkpoint_state",
+    "export": "checkpointing.export",
+    "models": "training.models",
+    "optim": "training.optim",
+    "resume_check": "checkpointing.resume",
+    "state_checks": "data.state_checks",
+    "data.gnt_pool": "data.reflectrl.gnt_pool",
+    "data.reflective_sft": "data.reflectrl.reflective_sft",
+    "rollout.critique_refine": "rollout.explorers.critique_refine",
+    "rollout.in_context": "rollout.explorers.in_context",
+    "rollout.reflect_from_scratch": "rollout.explorers.reflect_from_scratch",
+    "rollout.reflect_retry": "rollout.explorers.reflect_retry",
+    "rollout.reflection": "rollout.explorers.reflection",
+    "rollout.engine": "engines.base",
+    "rollout.engine_config": "engines.config",
+    "rollout.hf_engine": "engines.hf.engine",
+    "rollout.vllm_engine": "engines.vllm.engine",
+    "rollout.sampling": "engines.hf.sampling",
 }
-"""Old module -> new module, from the renames of the package split (``git log --diff-filter=R``)."""
+"""Old module -> new module within ``PACKAGE``, from the renames of the package split (``git log --diff-filter=R``);
+spelled relative to the package because the old modules no longer exist (nothing here imports them)."""
+MOVED_MODULES = {f"{PACKAGE}.{old}": f"{PACKAGE}.{new}" for old, new in RENAMED.items()}
 
 CLASS_PATH = re.compile(r"\br3lightning(?:\.[A-Za-z_]\w*)+")
 

@@ -13,6 +13,11 @@ ends train the same run, no commit in between did (for this recipe, on this mach
         --out benchmarks/results/quickstart_code_bisect.json
     python -m scripts.commit_equivalence a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
         --fit-args "--trainer.max_steps 240" --out ...     # the warm-start phase only
+
+A change that renames config keys gives each side its own spelling of the same settings
+(``--old-fit-args`` / ``--new-fit-args``, after ``--fit-args``). ``--old-scalars FILE`` keeps the old
+side's scalars: read when the file exists, else measured and written, so the old side can run once
+while the new one is still being written.
 """
 
 from __future__ import annotations
@@ -62,17 +67,29 @@ def last(scalars: dict, tag: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("old", help="commit (or any revision) of the first run")
-    parser.add_argument("new", help="commit of the second run")
+    parser.add_argument("new", help="commit of the second run ('-': measure the old one only, into --old-scalars)")
     parser.add_argument("--recipe", default="configs/quickstart.yaml")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both runs")
     parser.add_argument("--tol", type=float, default=0.0, help="largest difference counted as equal")
     parser.add_argument("--out", required=True)
     parser.add_argument("--fit-args", default="", help="more `r3l fit` arguments for both runs, one string")
+    parser.add_argument("--old-fit-args", default="", help="more `r3l fit` arguments for the old run only")
+    parser.add_argument("--new-fit-args", default="", help="more `r3l fit` arguments for the new run only")
+    parser.add_argument("--old-scalars", help="the old run's scalars: read if the file exists, else written")
     args = parser.parse_args()
     revs = [subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", r], capture_output=True, text=True,
-                           check=True).stdout.strip() for r in (args.old, args.new)]
+                           check=True).stdout.strip() if r != "-" else r for r in (args.old, args.new)]
+    extra = {side: shlex.split(args.fit_args) + shlex.split(getattr(args, f"{side}_fit_args")) for side in ("old", "new")}
     with tempfile.TemporaryDirectory() as work:
-        old, new = (run_at(rev, args.recipe, args.threads, work, shlex.split(args.fit_args)) for rev in revs)
+        if args.old_scalars and os.path.isfile(args.old_scalars):
+            old = json.loads(Path(args.old_scalars).read_text())
+        else:
+            old = run_at(revs[0], args.recipe, args.threads, work, extra["old"])
+            if args.old_scalars:
+                Path(args.old_scalars).write_text(json.dumps(old))
+        if args.new == "-":
+            return  # the old side only (``--old-scalars``)
+        new = run_at(revs[1], args.recipe, args.threads, work, extra["new"])
     problems = compare(old, new, args.tol)
     record = {
         "benchmark": "commit_equivalence",

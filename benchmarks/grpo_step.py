@@ -192,7 +192,8 @@ def r3l_worker(args) -> dict:
     from r3lightning.envs.base import StepResult, Task, TaskSuite
     from r3lightning.training.models import ModelConfig
     from r3lightning.module import R3LightningModule
-    from r3lightning.training.optim import OptimConfig, PhaseConfig
+    from r3lightning.training.optim import OptimConfig
+    from r3lightning.training.phases import PhaseSchedule
     from r3lightning.rollout.agent_loop import AgentLoopConfig
     from r3lightning.engines.base import SamplingParams
     from r3lightning.engines.config import EngineConfig
@@ -245,7 +246,7 @@ def r3l_worker(args) -> dict:
         algorithm=AlgorithmConfig(advantage="grpo", policy_loss="ppo_clip", aggregation="token_mean",
                                   clip_eps_low=CLIP, clip_eps_high=CLIP, kl_coef=args.beta, kl_estimator="k3"),
         optim=OptimConfig(lr=LR, micro_batch_size=64, warmup_steps=0, grad_clip=1.0),
-        phases=PhaseConfig(sft_warmup_steps=0),
+        phases=PhaseSchedule(),
         engine=EngineConfig(**engine_kwargs),
     )
     callbacks = []

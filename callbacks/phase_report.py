@@ -171,8 +171,8 @@ class PhaseReport(L.Callback):
             if trainer.logger is not None:
                 trainer.logger.log_metrics(metrics, step=0)
         else:
-            warmup_steps = getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0)
-            phase = "warmup" if self._step(trainer) <= warmup_steps and warmup_steps > 0 else "rl"
+            # The phase the validation measures: the one whose last step ran before it.
+            phase = pl_module.phases.before(self._step(trainer)).name
         self.records.append({"step": self._step(trainer), "phase": phase, **metrics})
         if trainer.is_global_zero:
             self.last_validation_file = self.write_validation(trainer, self.records[-1])
@@ -207,7 +207,7 @@ class PhaseReport(L.Callback):
 
     # ---- end of fit --------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        warmup = [r for r in self.records if r["phase"] == "warmup"]
+        warmup = [r for r in self.records if r["phase"] == "warmstart"]
         initial = [r for r in self.records if r["phase"] == "initial"]
         return {
             "before_training": initial[0] if initial else None,

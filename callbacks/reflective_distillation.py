@@ -56,8 +56,8 @@ class ReflectiveToDirectDistillation(L.Callback):
         estimator: ``exact`` (the KL over the whole vocabulary at each position, one extra teacher
             forward per micro-batch) or ``sampled`` (the k3 estimate from the sampled tokens'
             log-probs: cheaper to reduce, noisier).
-        switch_step: global step at which stage 2 begins; null: ``model.phases.sft_warmup_steps``
-            (when stage 1's reflective SFT ends). It may not come before the end of the warm-start.
+        switch_step: global step at which stage 2 begins; null: when the warm-start
+            (``model.phases.warmstart``, stage 1's reflective SFT) ends. It may not come before.
         evaluate_direct_at_switch: at a validation run at the switch step (the last of stage 1, which is
             reflective), also run the validation questions in direct mode, logged as
             ``val_direct/success_rate_greedy``, ``val_direct/success_rate`` and
@@ -114,12 +114,12 @@ class ReflectiveToDirectDistillation(L.Callback):
 
     # ---- setup --------------------------------------------------------------------------------
     def resolved_switch_step(self, pl_module: L.LightningModule) -> int:
-        warmup = int(getattr(getattr(pl_module, "phases", None), "sft_warmup_steps", 0))
-        step = warmup if self.switch_step is None else self.switch_step
-        if step < warmup:
+        rl_start = pl_module.phases.rl_start
+        step = rl_start if self.switch_step is None else self.switch_step
+        if step < rl_start:
             raise ValueError(
                 f"ReflectiveToDirectDistillation: switch_step {step} comes before the end of the reflective SFT "
-                f"(model.phases.sft_warmup_steps {warmup}); stage 2 starts at or after it"
+                f"(model.phases.warmstart.steps {rl_start}); stage 2 starts at or after it"
             )
         return step
 

@@ -55,10 +55,10 @@ def _common(args: argparse.Namespace, seed: int, log_dir: str, name: str, max_st
         "--seed_everything", str(seed),
         "--data.seed", str(seed),
         "--trainer.max_steps", str(max_steps),
-        "--model.phases.sft_warmup_steps", str(args.warmup_steps),
+        "--model.phases.warmstart.steps", str(args.warmup_steps),
         "--trainer.val_check_interval", str(args.val_every),
         # The plot shows the warm-start's curve too.
-        "--model.phases.validate_during_sft", "true",
+        "--model.phases.warmstart.validate", "true",
         "--trainer.enable_progress_bar", "false",
         "--trainer.logger.init_args.save_dir", log_dir,
         "--trainer.logger.init_args.name", name,
@@ -82,11 +82,11 @@ def warm_start(seed: int, args: argparse.Namespace, log_dir: str) -> tuple[str, 
 
 
 def demo_overrides(warmstart_overrides: list[str]) -> list[str]:
-    """The warm-start overrides an RL run takes too: those of ``data.demos``. They only shape the
+    """The warm-start overrides an RL run takes too: those of ``model.phases.warmstart.demos``. They only shape the
     warm-start's demonstrations, which no RL step draws, but the config check reads them against the
     warm-up length (a success share starting after a shorter warm-start is refused), so an arm resuming
     a warm-start must describe it as it was trained."""
-    return [arg for override in warmstart_overrides if override.startswith("data.demos.") for arg in key_value_args(override)]
+    return [arg for override in warmstart_overrides if override.startswith("model.phases.warmstart.demos.") for arg in key_value_args(override)]
 
 
 def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: argparse.Namespace, log_dir: str) -> dict:
@@ -201,7 +201,7 @@ def main() -> None:
                         help="a config override of the warm-start only (repeatable), e.g. "
                              "data.explorer.init_args.reflection_transcript=full: its scripted reflections then "
                              "show the reflector's full transcripts (r3l_reference's); use its own --out folder. The RL "
-                             "arms take the data.demos ones too (demo_overrides)")
+                             "arms take the model.phases.warmstart.demos ones too (demo_overrides)")
     parser.add_argument("--reuse_warmstart", action="store_true",
                         help="use warm-start checkpoints already in the log directory instead of training them")
     parser.add_argument("--reuse_results", nargs="+", default=[],
@@ -384,7 +384,7 @@ def recipe_defaults(args: argparse.Namespace) -> None:
 
     recipe = yaml.safe_load(Path(args.recipe).read_text())
     if args.warmup_steps is None:
-        args.warmup_steps = recipe["model"]["phases"]["sft_warmup_steps"]
+        args.warmup_steps = recipe["model"]["phases"]["warmstart"]["steps"]
     if args.rl_steps is None:
         args.rl_steps = recipe["trainer"]["max_steps"] - args.warmup_steps
     if args.val_every is None:

@@ -102,9 +102,9 @@ def student_config(args: argparse.Namespace, sft: Path, logs: Path, name: str, s
     config = yaml.safe_load(STUDENT_YAML.read_text())
     config["trainer"]["logger"]["init_args"].update(save_dir=str(logs), name=name)
     config["trainer"]["max_steps"] = steps + RL_STEPS
-    config["model"]["phases"]["sft_warmup_steps"] = steps
+    config["model"]["phases"]["warmstart"]["steps"] = steps
     config["data"]["suite"]["init_args"]["pool"] = str(Path(args.pool).resolve())
-    config["data"]["demos"]["source"] = str(sft)
+    config["model"]["phases"]["warmstart"]["demos"]["source"] = str(sft)
     [callback] = config["trainer"]["callbacks"]
     callback["init_args"].update(beta=beta, teacher=teacher)
     # Importable from the repository root, where the comparison runs (``python -m experiments.compare_reflectrl``).
@@ -144,7 +144,7 @@ def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, resul
     result is also written to ``result_path`` (by the worker: an interrupted comparison keeps it)."""
     start = time.perf_counter()
     config = yaml.safe_load(Path(config_path).read_text())
-    steps = config["model"]["phases"]["sft_warmup_steps"]
+    steps = config["model"]["phases"]["warmstart"]["steps"]
     cli, _, distill, _ = _fit(Path(config_path), ["--seed_everything", str(seed), "--data.seed", str(seed), "--trainer.max_steps", str(steps)])
     cli.trainer.save_checkpoint(checkpoint)
     result = {"records": distill.records, "wall_s": time.perf_counter() - start}
@@ -156,7 +156,7 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
     start = time.perf_counter()
     _, beta, teacher = ARMS[arm]
     config = yaml.safe_load(Path(config_path).read_text())
-    rl_steps = config["trainer"]["max_steps"] - config["model"]["phases"]["sft_warmup_steps"]
+    rl_steps = config["trainer"]["max_steps"] - config["model"]["phases"]["warmstart"]["steps"]
     # Strict health: an arm whose switched-on component never acted is refused, not reported. The anchor
     # arms are the exception: their teacher is the student at the switch by construction (the old
     # reading, kept as the control that shows it), which the health check calls degenerate.
@@ -249,7 +249,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     base = yaml.safe_load(STUDENT_YAML.read_text())
-    base_steps, interval = base["model"]["phases"]["sft_warmup_steps"], base["trainer"]["val_check_interval"]
+    base_steps, interval = base["model"]["phases"]["warmstart"]["steps"], base["trainer"]["val_check_interval"]
     pipelines = sorted({ARMS[arm][0] for arm in args.arms})
     configs, checkpoints, stage1, summaries = {}, {}, {}, {}
     for seed in args.seeds:

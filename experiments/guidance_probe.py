@@ -19,8 +19,8 @@ the action. Probes where the mistake does not make step k the diagnosed pivot ar
 
     python -m experiments.guidance_probe --recipe configs/examples/r3l_procedural_d2_cpu.yaml --seeds 0 1 2 \\
         --warmup_steps 240 \\
-        --arm share0=data.demos.alternative_guidance_share=0,data.demos.success_reflection_share=0 \\
-        --arm share05=data.demos.alternative_guidance_share=0.5,data.demos.success_reflection_share=0 \\
+        --arm share0=model.phases.warmstart.demos.alternative_guidance_share=0,model.phases.warmstart.demos.success_reflection_share=0 \\
+        --arm share05=model.phases.warmstart.demos.alternative_guidance_share=0.5,model.phases.warmstart.demos.success_reflection_share=0 \\
         --out benchmarks/results/r3l_d2_issue35/guidance_probe.json
 
 (the recipe as it was on 2026-12-03, when ``guidance_probe.json`` was made: 240 warm-start steps,
@@ -140,13 +140,13 @@ def run_one(recipe: str, arm: str, overrides: list[str], seed: int, work: Path, 
 
     if threads:
         torch.set_num_threads(threads)
-    steps = steps or yaml.safe_load(Path(recipe).read_text())["model"]["phases"]["sft_warmup_steps"]
+    steps = steps or yaml.safe_load(Path(recipe).read_text())["model"]["phases"]["warmstart"]["steps"]
     start = time.perf_counter()
     cli = R3LightningCLI(
         args=[
             "--config", recipe, "--seed_everything", str(seed), "--data.seed", str(seed),
-            "--trainer.max_steps", str(steps), "--model.phases.sft_warmup_steps", str(steps),
-            "--model.phases.validate_during_sft", "false",
+            "--trainer.max_steps", str(steps), "--model.phases.warmstart.steps", str(steps),
+            "--model.phases.warmstart.validate", "false",
             "--trainer.enable_progress_bar", "false",
             "--trainer.logger.init_args.save_dir", str(work), "--trainer.logger.init_args.name", f"{arm}_seed{seed}",
             *overrides,

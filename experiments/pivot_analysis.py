@@ -169,7 +169,7 @@ def main() -> None:
     cli = R3LightningCLI(
         args=[
             "--config", args.recipe, "--config", f"configs/algorithms/{args.preset}.yaml",
-            "--model.phases.sft_warmup_steps", str(recipe["model"]["phases"]["sft_warmup_steps"]),
+            "--model.phases.warmstart.steps", str(recipe["model"]["phases"]["warmstart"]["steps"]),
             "--trainer.max_steps", str(warm + args.steps), "--trainer.limit_val_batches", "0",
             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false", *args.extra,
         ],

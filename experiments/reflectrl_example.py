@@ -42,7 +42,7 @@ def rewrite_configs(work: Path) -> tuple[Path, Path, dict]:
     student = yaml.safe_load(STUDENT_YAML.read_text())
     student["trainer"]["logger"]["init_args"]["save_dir"] = str(paths["logs"])
     student["data"]["suite"]["init_args"]["pool"] = str(paths["pool"])
-    student["data"]["demos"]["source"] = str(paths["sft"])
+    student["model"]["phases"]["warmstart"]["demos"]["source"] = str(paths["sft"])
     expert_path, student_path = work / "expert.yaml", work / "student.yaml"
     expert_path.write_text(yaml.safe_dump(expert, sort_keys=False))
     student_path.write_text(yaml.safe_dump(student, sort_keys=False))

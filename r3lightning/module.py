@@ -1,13 +1,14 @@
 """The LightningModule: policy, optional frozen reference, an RL head and an SFT head.
 
-``training_step`` reads top to bottom: the datamodule rolls the step's tasks out with the current
-weights (``rollout``, a ``StepRollout``), ``make_experience`` turns them into an ExperienceBatch (R³'s
+``training_step`` reads top to bottom: the step's phase (``model.phases``, ``PhaseSchedule.at``) names
+its producer, the warm-start's demonstrations or the datamodule's rollouts of the step's tasks with the
+current weights (either gives a ``StepRollout``), ``make_experience`` turns them into an ExperienceBatch (R³'s
 ranking then adjusts its failures' advantages from this module's entropies), and ``optimize`` updates
 in micro-batches with manual optimization. Every loss is normalized by the *global* number of loss
 tokens (or sequences) of the step, all-reduced over ranks, so the result does not depend on how the
 batch was split into micro-batches or ranks. The forwards are in ``r3lightning.training.forward``, the loss in
-``r3lightning.training.loss``. The module uses the datamodule through ``connect``, ``rollout`` and ``evaluate``
-(and ``tokenizer_corpus`` when it trains an in-memory tokenizer): docs/design.md, "One training step".
+``r3lightning.training.loss``. The module uses the datamodule through ``connect``, ``rollout``, ``demonstrations`` and
+``evaluate`` (and ``tokenizer_corpus`` when it trains an in-memory tokenizer): docs/design.md, "One training step".
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from r3lightning.data.step_rollout import StepRollout
 from r3lightning.training.forward import PrefixSharedForward, window_start
 from r3lightning.training.loss import loss_diagnostics, loss_terms, teacher_kl, update_statistics
 from r3lightning.training.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
-from r3lightning.training.optim import OptimConfig, PhaseConfig, scheduled_learning_rate, sum_gradients_over_ranks
+from r3lightning.training.optim import OptimConfig, scheduled_learning_rate, sum_gradients_over_ranks
+from r3lightning.training.phases import Phase, PhaseSchedule
 from r3lightning.engines.base import RolloutEngine
 from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics
@@ -75,7 +77,7 @@ class R3LightningModule(L.LightningModule):
         model: which policy to train (a hub/local model, or a tiny model built from a spec).
         algorithm: the RL objective (advantage, amplification, credit, policy loss, KL, aggregation).
         optim: optimizer, clipping and micro-batching.
-        phases: SFT warm-start then RL.
+        phases: the run's phases in order: the SFT warm-start on demonstrations, then RL.
         engine: rollout engine.
         log_entropy: compute the policy entropy on loss tokens every step (costs one softmax pass).
         max_bad_steps: stop after this many consecutive steps with non-finite loss or gradients.
@@ -86,7 +88,7 @@ class R3LightningModule(L.LightningModule):
         model: ModelConfig = ModelConfig(),
         algorithm: AlgorithmConfig = AlgorithmConfig(),
         optim: OptimConfig = OptimConfig(),
-        phases: PhaseConfig = PhaseConfig(),
+        phases: PhaseSchedule = PhaseSchedule(),
         engine: EngineConfig = EngineConfig(),
         log_entropy: bool = True,
         max_bad_steps: int = 5,
@@ -134,19 +136,18 @@ class R3LightningModule(L.LightningModule):
         self.prefix_forward.sharded = isinstance(self.trainer.strategy, FSDPStrategy)
 
     def _check_schedule(self) -> None:
-        """The task stream is endless: a run needs ``trainer.max_steps``; a warm-start as long as the run
-        leaves no RL step, which is allowed (an SFT-only run) but said once."""
+        """The task stream is endless: a run needs ``trainer.max_steps``; the phases must play what they
+        ask for (``PhaseSchedule.check``), and a warm-start as long as the run, which leaves no RL step, is
+        allowed (an SFT-only run) but said once."""
         max_steps = self.trainer.max_steps
         if max_steps is None or max_steps < 0:
             raise ValueError(
                 f"trainer.max_steps is {max_steps}: the task stream never ends, so set trainer.max_steps to the "
                 "number of optimizer steps to run"
             )
-        if 0 < max_steps <= self.phases.sft_warmup_steps:
-            rank_zero_warn(
-                f"model.phases.sft_warmup_steps ({self.phases.sft_warmup_steps}) >= trainer.max_steps ({max_steps}): "
-                "this run is SFT only, no RL step will run"
-            )
+        warning = self.phases.check(max_steps)
+        if warning:
+            rank_zero_warn(warning)
 
     def configure_model(self) -> None:
         if self.policy is None:
@@ -157,7 +158,7 @@ class R3LightningModule(L.LightningModule):
                 apply_chat_template_setting(tokenizer, self.model_config)
                 policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
             self._install(policy, tokenizer)
-        self.datamodule.connect(self.engine, self.tokenizer, self.algorithm)
+        self.datamodule.connect(self.engine, self.tokenizer, self.algorithm, self.phases.demonstrations())
 
     def _install(self, policy: torch.nn.Module, tokenizer) -> None:
         if self.model_config.gradient_checkpointing:
@@ -171,7 +172,7 @@ class R3LightningModule(L.LightningModule):
     def use_engine(self, engine: RolloutEngine) -> None:
         """Roll out with ``engine`` from now on (tests swap in scripted engines this way)."""
         self.engine = engine
-        self.datamodule.connect(engine, self.tokenizer, self.algorithm)
+        self.datamodule.connect(engine, self.tokenizer, self.algorithm, self.phases.demonstrations())
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -180,24 +181,27 @@ class R3LightningModule(L.LightningModule):
 
     def learning_rate(self) -> float:
         max_steps = self.trainer.max_steps if self._trainer is not None and self.trainer.max_steps > 0 else None
-        return scheduled_learning_rate(self.global_step, self.optim_config, self.phases.sft_warmup_steps, max_steps)
+        return scheduled_learning_rate(self.global_step, self.optim_config, self.phase, max_steps)
 
     @property
-    def phase(self) -> str:
-        return "sft" if self.global_step < self.phases.sft_warmup_steps else "rl"
+    def phase(self) -> Phase:
+        """The phase of the current optimizer step (``model.phases``)."""
+        return self.phases.at(self.global_step)
 
     # ---- the training step ----------------------------------------------------------------------
     def training_step(self, batch: TaskBatch, batch_idx: int) -> None:
-        if not getattr(self.engine, "needs_weight_sync", False):  # a synced engine's version is its sync count
-            self.stamp_weight_version(self.global_step)
         phase, step = self.phase, self.global_step
+        # The phase's producer: RL rolls the step's tasks out, the warm-start plays their demonstrations.
+        produce = self.datamodule.rollout if phase.is_rl else self.datamodule.demonstrations
+        if not getattr(self.engine, "needs_weight_sync", False):  # a synced engine's version is its sync count
+            self.stamp_weight_version(step)
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        rollout = self.datamodule.rollout(batch, phase)
+        rollout = produce(batch)
         timings["rollout"] = time.perf_counter() - start
         start = time.perf_counter()
         experience, trajectories = make_experience(rollout, self.algorithm, self.tokenizer.pad_token_id)
-        if phase == "rl":
+        if phase.is_rl:
             self.rank_failures(experience, rollout)
         timings["reward"] = time.perf_counter() - start
         self.last_trajectories, self.last_experience = trajectories, experience
@@ -226,13 +230,13 @@ class R3LightningModule(L.LightningModule):
             logger.log_metrics(metrics, step=step)
 
     def step_metrics(
-        self, phase: str, rollout: StepRollout, experience: ExperienceBatch, stats: dict[str, float], timings: dict[str, float]
+        self, phase: Phase, rollout: StepRollout, experience: ExperienceBatch, stats: dict[str, float], timings: dict[str, float]
     ) -> dict[str, float]:
         """Everything a step logs: timings and throughput, the exploration's figures (RL steps), the
         optimizer's statistics, the batch's token counts and the components' activity (docs/monitoring.md)."""
         exploration = rollout.exploration
         metrics = {"time/rollout_s": timings["rollout"], **exploration.metrics}
-        if phase == "rl":
+        if phase.is_rl:
             metrics["time/reward_s"] = timings["reward"]
             metrics.update(trajectory_metrics(exploration.groups))
             generated = sum(t.num_response_tokens for t in exploration.trajectories)
@@ -246,7 +250,7 @@ class R3LightningModule(L.LightningModule):
         metrics["time/train_s"] = timings["train"]
         metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(timings["train"], 1e-9)
         metrics.update(experience_metrics(experience))
-        metrics["train/phase_rl"] = float(phase == "rl")
+        metrics["train/phase_rl"] = float(phase.is_rl)
         return {k: float(v) for k, v in metrics.items()}
 
     # ---- R³'s ranking of failures ----------------------------------------------------------------
@@ -292,15 +296,15 @@ class R3LightningModule(L.LightningModule):
         """Micro-batched update over ``experience``; returns the step's training metrics."""
         cfg = self.algorithm
         optimizer = self.optimizers()
-        if 0 < self.phases.sft_warmup_steps == self.global_step:
-            if self.phases.reset_optimizer_for_rl:
+        if self.phases.rl_begins_after_warmstart(self.global_step):
+            if self.phases.rl.reset_optimizer:
                 optimizer.optimizer.state.clear()
             self._anchor_reference_to_policy()
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate()
         micro_batches = experience.micro_batches(self.optim_config.micro_batch_size)
         self.prefix_forward.reset_counts()
-        need_ref = cfg.kl_coef > 0 and self.phase == "rl"
+        need_ref = cfg.kl_coef > 0 and self.phase.is_rl
         self.prefix_forward.fill_logprobs(
             experience, micro_batches, self.policy, self.reference, cfg.recompute_old_logprobs, need_ref, self.device
         )
@@ -340,9 +344,9 @@ class R3LightningModule(L.LightningModule):
             return
         if isinstance(self.trainer.strategy, FSDPStrategy):
             raise ValueError(
-                "kl_coef > 0 with sft_warmup_steps > 0 under FSDP: the reference cannot be re-anchored to the "
+                "kl_coef > 0 after a warm-start under FSDP: the reference cannot be re-anchored to the "
                 "sharded warm-started policy; run the warm-start separately and start RL from its checkpoint "
-                "with sft_warmup_steps: 0"
+                "with model.phases.warmstart.steps: 0"
             )
         self.reference.load_state_dict(self.policy.state_dict())
 
@@ -402,7 +406,7 @@ class R3LightningModule(L.LightningModule):
                     self.teacher, micro, logits, start, self.teacher_contexts, self.tokenizer.pad_token_id
                 )
             kl_to_teacher = teacher_kl(logp, logits, teacher_logits, micro, start, self.teacher_kl_estimator)
-        sft_weight = self.algorithm.sft_weight if self.phase == "rl" else 1.0
+        sft_weight = self.algorithm.sft_weight if self.phase.is_rl else 1.0
         terms = loss_terms(micro, logp, logits, start, self.algorithm, totals, sft_weight, kl_to_teacher, self.teacher_kl_coef)
         return {**terms.losses, **loss_diagnostics(micro, logp, logits, start, terms, self.log_entropy, in_context)}
 
@@ -443,10 +447,10 @@ class R3LightningModule(L.LightningModule):
     # ---- validation ---------------------------------------------------------------------------
     @property
     def skips_validation(self) -> bool:
-        """Whether this is a periodic validation of ``fit`` that falls in the warm-start while
-        ``phases.validate_during_sft`` is off (``r3l validate`` always validates)."""
+        """Whether this is a periodic validation of ``fit`` that falls in a phase that does not validate
+        (``model.phases.warmstart.validate`` off; ``r3l validate`` always validates)."""
         fitting = self._trainer is None or self.trainer.state.fn == "fit"
-        return fitting and not self.phases.validate_during_sft and self.global_step < self.phases.sft_warmup_steps
+        return fitting and not self.phase.validate
 
     def validation_step(self, batch: TaskBatch, batch_idx: int) -> None:
         """Greedy and ``batch.val_samples`` sampled episodes per task; the figures of
@@ -471,7 +475,7 @@ class R3LightningModule(L.LightningModule):
     # ---- checkpoints --------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["r3lightning"] = r3lightning_section(
-            self.phase,
+            self.phase.name,
             self.engine.weight_version if self.engine else 0,
             self.skipped_steps,
             self.tokenizer,
@@ -482,7 +486,7 @@ class R3LightningModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning calls this before it restores anything: the whole restorable state is checked here.
         check_checkpoint_state(checkpoint, getattr(self._trainer, "ckpt_path", None), self._trainer)
-        saved = check_loadable(checkpoint, self.state_dict(), self.tokenizer, self.phases.sft_warmup_steps)
+        saved = check_loadable(checkpoint, self.state_dict(), self.tokenizer, self.phases)
         self.skipped_steps = int(saved.get("skipped_steps", 0))
         if self.engine is not None:
             self.stamp_weight_version(int(saved.get("weight_version", 0)))

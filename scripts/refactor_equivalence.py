@@ -60,7 +60,7 @@ def run_arithmetic(work: str) -> dict:
     log = os.path.join(work, "arithmetic")
     _fit([
         "--config", "configs/examples/grpo_arithmetic_cpu.yaml",
-        "--trainer.max_steps", "20", "--model.phases.sft_warmup_steps", "10",
+        "--trainer.max_steps", "20", "--model.phases.warmstart.steps", "10",
         "--trainer.val_check_interval", "10",
         "--trainer.logger.class_path", "lightning.pytorch.loggers.TensorBoardLogger",
         "--trainer.logger.init_args.save_dir", log, "--trainer.logger.init_args.name", "run", *QUIET,
@@ -70,7 +70,7 @@ def run_arithmetic(work: str) -> dict:
 
 def run_quickstart_rl(work: str, warm_steps: int = 150, rl_steps: int = 20) -> dict:
     common = [
-        "--config", "configs/quickstart.yaml", "--model.phases.sft_warmup_steps", str(warm_steps),
+        "--config", "configs/quickstart.yaml", "--model.phases.warmstart.steps", str(warm_steps),
         "--trainer.val_check_interval", str(warm_steps), *QUIET,
     ]
     warm_log = os.path.join(work, "warm")

@@ -25,7 +25,8 @@ from r3lightning.data.datamodule import RolloutDataModule, corpus_from_suite
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.training.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer
 from r3lightning.module import R3LightningModule
-from r3lightning.training.optim import OptimConfig, PhaseConfig
+from r3lightning.training.optim import OptimConfig
+from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.engine import HFEngine
@@ -121,7 +122,7 @@ def module_and_data(
         model=model or ModelConfig(tiny=TINY_SPEC),
         algorithm=algorithm or AlgorithmConfig(policy_loss="pg"),
         optim=OptimConfig(lr=lr, micro_batch_size=micro_batch_size, warmup_steps=warmup_steps),
-        phases=PhaseConfig(sft_warmup_steps=sft_steps),
+        phases=PhaseSchedule(WarmStartPhase(steps=sft_steps)),
         **module_kwargs,
     )
     return module, data

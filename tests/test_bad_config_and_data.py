@@ -7,7 +7,7 @@ import json
 import pytest
 from harness import module_and_data, quiet_trainer
 
-from r3lightning.data.datamodule import DemoConfig, load_chat_jsonl
+from r3lightning.data.demonstrations import DemoConfig, load_chat_jsonl
 from r3lightning.envs.math_env import MathSuite
 from r3lightning.engines.base import SamplingParams
 
@@ -81,24 +81,31 @@ def test_a_bad_demonstration_file_stops_the_run_before_training(tmp_path):
     path = tmp_path / "demos.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "assistant", "content": "a"}]}) + "\n")
     module, dm = module_and_data(sft_steps=1)
-    dm.demos = DemoConfig(source=str(path))
+    module.phases.warmstart.demos = DemoConfig(source=str(path))
     with pytest.raises(ValueError, match="demos.jsonl, row 1"):
         quiet_trainer(2).fit(module, dm)
     assert module.global_step == 0
 
 
 def test_success_reflections_starting_after_the_warm_start_are_refused_naming_both_keys(tmp_path):
-    """``r3l fit`` refuses the schedule before training (``DemoConfig.check_warmup``)."""
+    """``r3l fit`` refuses the schedule before training (``PhaseSchedule.check``)."""
     import yaml
     from harness import TINY_CLI_RUN
 
     from r3lightning.cli.main import R3LightningCLI
 
-    DemoConfig(reflections=True, success_reflection_share=0.25, success_reflection_from_step=1).check_warmup(2)
-    DemoConfig(reflections=True, success_reflection_share=0.0, success_reflection_from_step=5).check_warmup(2)
+    from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
+
+    def schedule(share: float, from_step: int) -> PhaseSchedule:
+        demos = DemoConfig(reflections=True, success_reflection_share=share, success_reflection_from_step=from_step)
+        return PhaseSchedule(WarmStartPhase(steps=2, demos=demos))
+
+    assert schedule(0.25, 1).check(max_steps=4) is None
+    assert schedule(0.0, 5).check(max_steps=4) is None
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY_CLI_RUN))
-    with pytest.raises(ValueError, match=r"success_reflection_from_step \(2\) >= model.phases.sft_warmup_steps \(2\)"):
-        R3LightningCLI(args=["fit", "--config", str(config), "--model.phases.sft_warmup_steps", "2", "--trainer.max_steps", "4",
-                             "--data.demos.reflections", "true", "--data.demos.success_reflection_share", "0.25",
-                             "--data.demos.success_reflection_from_step", "2"])
+    demos = "--model.phases.warmstart.demos"
+    with pytest.raises(ValueError, match=r"success_reflection_from_step \(2\) >= model.phases.warmstart.steps \(2\)"):
+        R3LightningCLI(args=["fit", "--config", str(config), "--model.phases.warmstart.steps", "2", "--trainer.max_steps", "4",
+                             f"{demos}.reflections", "true", f"{demos}.success_reflection_share", "0.25",
+                             f"{demos}.success_reflection_from_step", "2"])

@@ -48,7 +48,7 @@ DAMAGES = {
                    "RolloutDataModule.replay_buffer.entries[1].seq: 'x' is not a whole number"),
     "replay-visits": (lambda c: c["RolloutDataModule"]["replay_buffer"].update(visits=None),
                       "RolloutDataModule.replay_buffer.visits: a NoneType where a dict was expected"),
-    "phase": (lambda c: c["r3lightning"].update(phase="warmup"), "r3lightning.phase: 'warmup' is not one of sft, rl"),
+    "phase": (lambda c: c["r3lightning"].update(phase="warmup"), "r3lightning.phase: 'warmup' is not one of warmstart, rl"),
     "health-history": (lambda c: c["callbacks"]["HealthWatchdog"]["history"].update({"reward/mean": ["high"]}),
                        "callbacks['HealthWatchdog'].history['reward/mean']: 'high' is not a number"),
 }

@@ -18,7 +18,7 @@ from harness import BASE_RECIPE
 SHORT_FIT = [
     "--config", str(BASE_RECIPE),
     "--trainer.max_steps", "2",
-    "--model.phases.sft_warmup_steps", "1",
+    "--model.phases.warmstart.steps", "1",
     "--trainer.val_check_interval", "2",
     "--data.val_tasks_per_batch", "8",
     "--data.suite.init_args.num_val_tasks", "8",

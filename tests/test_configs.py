@@ -221,7 +221,7 @@ def test_print_config_shows_the_stacked_result(cli):
     printed = yaml.safe_load(out.getvalue())
     assert printed["model"]["algorithm"]["advantage"] == "raft"
     assert printed["model"]["algorithm"]["policy_loss"] == "pg"
-    assert printed["model"]["optim"]["sft_lr"] == 1.0e-3
+    assert printed["model"]["phases"]["warmstart"]["lr"] == 1.0e-3
     assert printed["data"]["suite"]["class_path"] == "r3lightning.envs.math_env.MathSuite"
 
 
@@ -404,7 +404,7 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
     with pytest.raises(ValueError, match=r"previous\.json: its runs used threads=1"):
         compare.reusable_runs(str(previous), args)
     args.threads = 1
-    args.warmstart_override = ["data.demos.success_reflection_share=0.25"]
+    args.warmstart_override = ["model.phases.warmstart.demos.success_reflection_share=0.25"]
     with pytest.raises(ValueError, match=r"previous\.json: its runs used warmstart_override=\[\]"):
         compare.reusable_runs(str(previous), args)
     args.warmstart_override = []
@@ -428,26 +428,27 @@ def test_comparison_warm_start_resumes_into_every_arm(tmp_path, monkeypatch):
         **TINY_CLI_RUN,
         "trainer": {**TINY_CLI_RUN["trainer"], "logger": {
             "class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(tmp_path)}}},
-        "model": {**TINY_CLI_RUN["model"], "phases": {"sft_warmup_steps": 1}},
+        "model": {**TINY_CLI_RUN["model"], "phases": {"warmstart": {"steps": 1}}},
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    # --warmstart_override reaches the warm-start only, but for data.demos (the demonstrations' schedule,
+    # --warmstart_override reaches the warm-start only, but for its demos (the demonstrations' schedule,
     # which the config check reads against the warm-up length): the arms describe their warm-start.
     args = argparse.Namespace(recipe=str(path), warmup_steps=1, rl_steps=1, val_every=1, alpha=None, threads=0,
                               reuse_warmstart=False,
-                              warmstart_override=["model.optim.sft_lr=0.0123", "data.demos.success_reflection_from_step=7"])
+                              warmstart_override=["model.phases.warmstart.lr=0.0123",
+                                                  "model.phases.warmstart.demos.success_reflection_from_step=7"])
     checkpoint, warm = compare.warm_start(0, args, str(tmp_path))
     assert warm["step"] == 1
     warm_config = yaml.safe_load((tmp_path / "warmstart_seed0" / "version_0" / "config.yaml").read_text())
-    assert warm_config["model"]["optim"]["sft_lr"] == 0.0123
+    assert warm_config["model"]["phases"]["warmstart"]["lr"] == 0.0123
     result = compare.run_method("rloo", compare.METHODS["rloo"], 0, checkpoint, args, str(tmp_path))
     assert [step for step, _ in result["curve_greedy"]] == [1, 2]
     saved = yaml.safe_load((tmp_path / "rloo_seed0" / "version_0" / "config.yaml").read_text())
     assert saved["model"]["algorithm"]["advantage"] == "rloo"
-    assert saved["model"]["optim"]["sft_lr"] != 0.0123
-    assert warm_config["data"]["demos"]["success_reflection_from_step"] == 7
-    assert saved["data"]["demos"]["success_reflection_from_step"] == 7
+    assert saved["model"]["phases"]["warmstart"]["lr"] != 0.0123
+    assert warm_config["model"]["phases"]["warmstart"]["demos"]["success_reflection_from_step"] == 7
+    assert saved["model"]["phases"]["warmstart"]["demos"]["success_reflection_from_step"] == 7
 
 
 def test_a_comparison_over_two_cores_reproduces_the_sequential_one(tmp_path, monkeypatch):
@@ -465,7 +466,7 @@ def test_a_comparison_over_two_cores_reproduces_the_sequential_one(tmp_path, mon
     recipe.write_text(yaml.safe_dump({
         **TINY_CLI_RUN,
         "trainer": {**TINY_CLI_RUN["trainer"], "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}},
-        "model": {**TINY_CLI_RUN["model"], "phases": {"sft_warmup_steps": 1}},
+        "model": {**TINY_CLI_RUN["model"], "phases": {"warmstart": {"steps": 1}}},
     }))
     records = {}
     for cores in (2, 1):

@@ -74,7 +74,7 @@ def reflectrl_pool_and_sft(cwd, recipe):
     write_jsonl(str(cwd / "expert.jsonl"), rows)
     pool = config["data"]["suite"]["init_args"]["pool"]
     r3l(["gnt-pool", "--config", str(recipe), "--rollouts", "expert.jsonl", "--out", pool], cwd)
-    r3l(["reflect-sft", "--config", str(recipe), "--pool", pool, "--critic", "oracle", "--out", config["data"]["demos"]["source"]], cwd)
+    r3l(["reflect-sft", "--config", str(recipe), "--pool", pool, "--critic", "oracle", "--out", config["model"]["phases"]["warmstart"]["demos"]["source"]], cwd)
     return {}
 
 

@@ -15,8 +15,8 @@ METHOD_KEYS = (
     "model.model.dtype",
     "model.model.lora_alpha",
     "model.model.chat_template",
-    "model.phases.sft_warmup_steps",
-    "model.phases.reset_optimizer_for_rl",
+    "model.phases.warmstart.steps",
+    "model.phases.rl.reset_optimizer",
 )
 """Keys that define the method (the objective's ``METHOD_FIELDS``, the warm-start schedule, the policy's
 dtype, LoRA scaling and chat template): a resume that changes one is a different run, done only on request."""

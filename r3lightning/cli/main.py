@@ -46,6 +46,7 @@ from r3lightning.cli.progress import StepProgressBar
 from r3lightning.cli.reflectrl import main as reflectrl_main
 from r3lightning.data.datamodule import RolloutDataModule
 from r3lightning.engines.config import replaced_key_note
+from r3lightning.training.phases import replaced_key_note as replaced_phase_key_note
 from r3lightning.module import R3LightningModule
 from r3lightning.training.checkpoint_state import check_checkpoint_state
 
@@ -232,10 +233,6 @@ class R3LightningCLI(LightningCLI):
             if value is not None and value != inert:
                 raise ValueError(f"trainer.{flag} ({value}) does nothing in r3lightning (the module steps its optimizer itself); {instead}")
 
-    def before_fit(self) -> None:
-        """Refuse a warm-start schedule that would never play what it asks for (``DemoConfig.check_warmup``)."""
-        self.datamodule.demos.check_warmup(self.model.phases.sft_warmup_steps)
-
     def _instantiate_trainer(self, config: dict, callbacks: list):
         backend = getattr(getattr(self.model, "engine_config", None), "backend", "hf")
         callbacks = [*callbacks, *added_callbacks(config, backend)]
@@ -295,7 +292,8 @@ class R3LightningCLI(LightningCLI):
             commands = getattr(self, "_subcommand_parsers", {})
             command = next((a for a in argv if a in commands), None) if isinstance(argv, (list, tuple)) else None
             hint = f"r3l {command} --help lists the accepted keys" if command else "r3l --help lists the commands"
-            print(f"r3l: error: {err}{replaced_key_note(str(err))}\n  ({hint})", file=sys.stderr)
+            notes = replaced_key_note(str(err)) + replaced_phase_key_note(str(err))
+            print(f"r3l: error: {err}{notes}\n  ({hint})", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
             for p, exit_on_error in zip(parsers, exits):

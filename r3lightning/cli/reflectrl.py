@@ -179,7 +179,7 @@ def reflect_sft_main(argv: list[str]) -> dict[str, Any]:
     )
     _common(parser)
     parser.add_argument("--pool", required=True, help="pool JSONL written by r3l gnt-pool")
-    parser.add_argument("--out", required=True, help="chat JSONL to write (data.demos.source); stats go to <out>.summary.json")
+    parser.add_argument("--out", required=True, help="chat JSONL to write (model.phases.warmstart.demos.source); stats go to <out>.summary.json")
     parser.add_argument(
         "--critic", choices=("model", "resolve", "oracle"), default="model",
         help="who writes critiques: model (default: the pool's expert, or --critic_model, samples them from the "

@@ -39,7 +39,7 @@ def check_combination(objective: AlgorithmConfig, explorer: object, demo_reflect
     if demo_reflections and not traits.reflects:
         # Legitimate: every method of a comparison can share one warm-start, reflections included.
         warnings.append(
-            f"data.demos.reflections: true with data.explorer {name}, which never reflects: the warm-start "
+            f"model.phases.warmstart.demos.reflections: true with data.explorer {name}, which never reflects: the warm-start "
             "teaches reflections this method will not ask for"
         )
     sft_head_samples = traits.sft_samples and objective.meta_tasks_as == "sft_head"

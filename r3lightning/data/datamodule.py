@@ -6,17 +6,17 @@ their index, so prefetching is harmless) and the module calls ``rollout`` inside
 rollout *k* always uses the weights after update *k-1*. The cursor counts *consumed* batches, so a
 checkpoint taken mid-run resumes at exactly the next unseen batch.
 
-The module uses the datamodule through three methods: ``connect`` (once: the engine and tokenizer
-every rollout uses, and the objective, whose pairing with the explorer is checked there),
-``rollout(batch, phase)`` (each training step: a ``StepRollout``, the exploration with everything the
-objective reads from the data side) and ``evaluate`` (validation episodes).
+The module uses the datamodule through four methods: ``connect`` (once: the engine and tokenizer
+every rollout uses, the objective, whose pairing with the explorer is checked there, and the
+warm-start's demonstrations), ``rollout(batch)`` (each RL step: a ``StepRollout``, the exploration
+with everything the objective reads from the data side), ``demonstrations(batch)`` (each warm-start
+step: the ``Demonstrations`` producer's samples, ``data/demonstrations.py``) and ``evaluate``
+(validation episodes).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import os
 import random
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.envs.base import Task, TaskSuite
-from r3lightning.envs.jsonl import numbered_jsonl_rows
 from r3lightning.rollout.agent_loop import (
     INVALID_FORMAT_FEEDBACK,
     AgentLoop,
@@ -37,17 +36,17 @@ from r3lightning.rollout.agent_loop import (
     render_action,
     resolve_action_format,
 )
-from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.data.state_checks import expect_int
 from r3lightning.rollout.env_calls import SuiteCalls, check_suite
 from r3lightning.engines.base import RolloutEngine, SamplingParams
 from r3lightning.rollout.explorers.base import Exploration, ExplorationSpec, Explorer, SampleExplorer
 from r3lightning.data.combinations import check_combination
+from r3lightning.data.demonstrations import DemoConfig, Demonstrations
 from r3lightning.data.replay import ReplayBuffer, ReplayConfig, check_replay_state, record_step, replay_into_groups
 from r3lightning.data.step_rollout import StepRollout
 from r3lightning.rollout.explorers.reflection import Reflector, load_template
-from r3lightning.rollout.warmstart import reflection_corpus, scripted_reflection_samples
-from r3lightning.types import Trajectory, Turn
+from r3lightning.rollout.warmstart import reflection_corpus
+from r3lightning.types import Trajectory
 
 
 @dataclass
@@ -83,73 +82,6 @@ class TaskStream(IterableDataset):
             step += 1
 
 
-@dataclass
-class DemoConfig:
-    """SFT warm-start data.
-
-    Args:
-        source: ``suite`` (the environment's scripted expert, ``TaskSuite.demonstration``) or the path of
-            a JSONL file whose rows hold ``messages``: a chat conversation (system/user/assistant).
-        reflections: also train on the suite's scripted reflections and guided retries (R³L
-            warm-start: needs a suite with ``diagnose``/``expert_continuation`` and an explorer that
-            reflects, whose prompt templates are used).
-        tasks_per_step: demonstrations per warm-start step on each rank (0: ``data.tasks_per_step``).
-            SFT steps cost no generation, so they can afford larger batches than RL steps.
-        reflection_tasks_per_step: with ``reflections``, how many of a step's demonstration tasks also
-            give a reflect and a retry sample (0: all). Reflections are long JSON answers after long
-            prompts; fewer of them keeps the step cheap and leaves the action tokens most of the loss.
-        success_reflection_share: with ``reflections``, the share of reflection tasks played by the
-            expert without a mistake, whose reflection judges ``success`` (no retry). Every other
-            reflection sample has an injected mistake, so at 0 the policy never learns to call an
-            episode a success: R³L then retries every episode and ``train_success_judgments`` has
-            nothing to train. It also changes when a tiny policy learns to act on the goal during the
-            warm-start, so a recipe can teach it late (``success_reflection_from_step``). The runs
-            behind the recipes' shares: benchmarks/results/NOTEBOOK.md.
-        success_reflection_from_step: the warm-start step from which ``success_reflection_share``
-            applies (0: from the first). The steps before it play no clean episode and are exactly a
-            share-0 run's steps (the same random stream), so the policy learns to act first and to
-            judge success after.
-        alternative_guidance_share: with ``reflections``, the share of guided-retry samples whose
-            guidance names a random other admissible action at the pivot instead of the expert's, the
-            retry taking it and the expert continuing after it. The expert's own suggestion names the
-            action the observation already implies, so the policy can fit every retry sample without
-            reading the guidance, and then ignores it (measured: benchmarks/results/NOTEBOOK.md, "The
-            oracle arm" and "The guidance probe"). Logged
-            per warm-start step: ``warmstart/alternative_guidance_samples`` and, for draws that fell
-            back to the expert's suggestion, ``warmstart/alternative_guidance_unavailable``. 0 keeps
-            the expert's suggestion everywhere.
-    """
-
-    source: str = "suite"
-    reflections: bool = False
-    tasks_per_step: int = 0
-    reflection_tasks_per_step: int = 0
-    success_reflection_share: float = 0.0
-    success_reflection_from_step: int = 0
-    alternative_guidance_share: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("success_reflection_share", "alternative_guidance_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"data.demos.{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.success_reflection_from_step < 0:
-            raise ValueError(f"data.demos.success_reflection_from_step must be >= 0, got {self.success_reflection_from_step}")
-
-    def check_warmup(self, sft_warmup_steps: int) -> None:
-        """Refuse success reflections that would start after a warm-start of ``sft_warmup_steps``
-        steps: they would never be played."""
-        if self.reflections and self.success_reflection_share > 0 and self.success_reflection_from_step >= sft_warmup_steps:
-            raise ValueError(
-                f"data.demos.success_reflection_from_step ({self.success_reflection_from_step}) >= "
-                f"model.phases.sft_warmup_steps ({sft_warmup_steps}): no warm-start step would play a clean "
-                "success episode; start it earlier or set data.demos.success_reflection_share to 0"
-            )
-
-    def success_share_at(self, step: int) -> float:
-        """The share of clean success episodes among the reflection tasks of warm-start ``step``."""
-        return self.success_reflection_share if step >= self.success_reflection_from_step else 0.0
-
-
 class RolloutDataModule(L.LightningDataModule):
     """Streams tasks and turns them into experience with the current policy.
 
@@ -165,7 +97,6 @@ class RolloutDataModule(L.LightningDataModule):
             temperature 0. Null (default): ``sampling``'s token budget, top_p and stop strings at
             temperature 1, so validation answers get the room training answers get.
         agent: how episodes are played (action format, context limit, step timeout...).
-        demos: where SFT warm-start demonstrations come from.
         val_tasks_per_batch: validation tasks per batch.
         val_samples: sampled validation episodes per task (n), at ``val_sampling``; validation logs
             pass@k (unbiased estimator) for k = 1, 2, 4, ... up to n and mean@n beside greedy pass@1.
@@ -190,7 +121,6 @@ class RolloutDataModule(L.LightningDataModule):
         sampling: SamplingParams = SamplingParams(),
         val_sampling: Optional[SamplingParams] = None,
         agent: AgentLoopConfig = AgentLoopConfig(),
-        demos: DemoConfig = DemoConfig(),
         val_tasks_per_batch: int = 32,
         val_samples: int = 1,
         seed: Optional[int] = None,
@@ -211,23 +141,17 @@ class RolloutDataModule(L.LightningDataModule):
         self.sampling = dataclasses.replace(sampling)
         self.val_sampling = dataclasses.replace(sampling, temperature=1.0) if val_sampling is None else dataclasses.replace(val_sampling)
         self.agent = resolve_action_format(suite, agent)  # a copy; refuses a format the suite does not read
-        self.demos = dataclasses.replace(demos)
         self.val_tasks_per_batch = val_tasks_per_batch
         self.val_samples = val_samples
         self.seed = 0 if seed is None else seed
         self.max_reward = max_reward
         self.cursor = 0
-        self._demo_rows: Optional[list[list[dict]]] = None
         self.loop: Optional[AgentLoop] = None
+        self.demonstration_source: Optional[Demonstrations] = None
         self.tokenizer = None
         self.replay = dataclasses.replace(replay)
         keeps_history = self.replay.enabled or self.explorer.traits.uses_history
         self.buffer = ReplayBuffer(self.replay.max_per_task, self.replay.max_total) if keeps_history else None
-
-    def setup(self, stage: str) -> None:
-        # A demonstration file is read now, so a bad row stops the run before any training.
-        if self.demos.source != "suite" and self._demo_rows is None:
-            self._demo_rows = load_chat_jsonl(self.demos.source)
 
     # ---- task streams -------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -299,18 +223,23 @@ class RolloutDataModule(L.LightningDataModule):
         return Reflector.with_builtin_templates()
 
     # ---- experience ---------------------------------------------------------------------------
-    def connect(self, engine: RolloutEngine, tokenizer, objective: AlgorithmConfig) -> None:
-        """Bind the engine and tokenizer every rollout uses (once, when the module has built them), and
-        refuse an ``objective`` this datamodule's explorer and sampling would leave inert or undefined."""
-        self.check_objective(objective)
+    def connect(self, engine: RolloutEngine, tokenizer, objective: AlgorithmConfig, demos: Optional[DemoConfig] = None) -> None:
+        """Bind the engine and tokenizer every rollout uses (once, when the module has built them) and the
+        warm-start's ``demos`` (None: the schedule has no warm-start), and refuse an ``objective`` this
+        datamodule's explorer and sampling would leave inert or undefined."""
+        self.check_objective(objective, demos is not None and demos.reflections)
         self.tokenizer = tokenizer
         self.loop = AgentLoop(self.suite, engine, tokenizer, self.agent)
         self.check_prompt_room()
+        self.demonstration_source = None if demos is None else Demonstrations(
+            demos, self.suite, self.loop if demos.source == "suite" else None, self.reflector, tokenizer, self.tasks_per_step
+        )
 
-    def check_objective(self, objective: AlgorithmConfig) -> None:
-        """The explorer × objective pairing (``check_combination``: errors raised, doubtful pairs warned)
-        and R³'s ranking window against the answer budget."""
-        for warning in check_combination(objective, self.explorer, self.demos.reflections):
+    def check_objective(self, objective: AlgorithmConfig, demo_reflections: bool = False) -> None:
+        """The explorer × objective pairing (``check_combination``: errors raised, doubtful pairs warned;
+        ``demo_reflections``: the warm-start trains scripted reflections) and R³'s ranking window against
+        the answer budget."""
+        for warning in check_combination(objective, self.explorer, demo_reflections):
             rank_zero_warn(warning)
         ranking = objective.ranking
         if ranking.enabled and 2 * ranking.window > self.sampling.max_new_tokens:
@@ -326,7 +255,8 @@ class RolloutDataModule(L.LightningDataModule):
 
         Checked on the first ``num_tasks`` training and validation tasks, from their ``Task.prompt``
         (the first user message). The explorer's addition counts its generated parts (a past answer,
-        a reflection, a critique) at their full generation budget.
+        a reflection, a critique) at their full generation budget, and a past attempt's feedback as the
+        suite's longest (``longest_feedback``).
         """
         loop = self.connected_loop
         limit = self.agent.max_context_tokens
@@ -381,25 +311,11 @@ class RolloutDataModule(L.LightningDataModule):
         rank, _ = self._rank_world()
         return (self.seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**31 - 1)
 
-    def rollout(self, batch: TaskBatch, phase: str) -> StepRollout:
-        """The samples of one training step: demonstrations (``phase == "sft"``, all for the SFT head)
-        or the explorer's groups (``"rl"``), made with the engine's current weights, with how the
-        objective scores them. Marks the batch consumed (the checkpointed cursor)."""
+    def rollout(self, batch: TaskBatch) -> StepRollout:
+        """The samples of one RL step: the explorer's groups (and what it adds: meta-task SFT samples,
+        metrics), made with the engine's current weights, with how the objective scores them. Marks the
+        batch consumed (the checkpointed cursor)."""
         self.cursor = batch.step + 1
-        if phase == "sft":
-            loop = self.connected_loop if self.demos.source == "suite" else None
-            failures = loop.env_calls.failures if loop is not None else 0
-            counts: collections.Counter = collections.Counter()
-            demos = self.demonstrations(batch, counts)
-            # Scripted retry samples whose prefix the environment could not replay are dropped, and counted.
-            kept = [d for d in demos if d.end_reason != "replay_failed"]
-            metrics = {"warmstart/replay_failures": float(len(demos) - len(kept))}
-            if self.demos.alternative_guidance_share > 0:
-                metrics["warmstart/alternative_guidance_samples"] = float(counts["alternative_guidance"])
-                metrics["warmstart/alternative_guidance_unavailable"] = float(counts["alternative_unavailable"])
-            if loop is not None:
-                metrics["warmstart/env_call_errors"] = float(loop.env_calls.failures - failures)
-            return self.scored(Exploration(groups=[], sft=kept, metrics=metrics))
         seed = self.rollout_seed(batch.step)
         spec = ExplorationSpec(self.group_size, self.sampling, self.max_reward, self.buffer, random.Random(seed))
         loop = self.connected_loop
@@ -419,6 +335,16 @@ class RolloutDataModule(L.LightningDataModule):
             record_step(exploration.groups, self.buffer, batch.step)
         return self.scored(exploration)
 
+    def demonstrations(self, batch: TaskBatch) -> StepRollout:
+        """The samples of one warm-start step: the demonstrations ``connect`` was given, all for the SFT
+        head (``Demonstrations.samples``). Marks the batch consumed (the checkpointed cursor)."""
+        if self.demonstration_source is None:
+            raise RuntimeError("RolloutDataModule.connect(..., demos) must be given the warm-start's demonstrations")
+        self.cursor = batch.step + 1
+        rank, world = self._rank_world()
+        samples = self.demonstration_source.samples(batch.step, batch.tasks, rank, world, self.rollout_seed(batch.step))
+        return self.scored(samples)
+
     def scored(self, exploration: Exploration) -> StepRollout:
         """``exploration`` with the reward scale, sampling temperature and replay behaviour it is scored with."""
         return StepRollout(exploration, self.max_reward, self.scoring_temperature, self.replay.behaviour)
@@ -430,114 +356,14 @@ class RolloutDataModule(L.LightningDataModule):
         params = SamplingParams(
             temperature=0.0 if greedy else self.val_sampling.temperature,
             top_p=self.val_sampling.top_p,
+            top_k=self.val_sampling.top_k,
+            min_p=self.val_sampling.min_p,
             max_new_tokens=self.val_sampling.max_new_tokens,
             stop=list(self.val_sampling.stop),
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 17)
             return self.connected_loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(samples)], params)
-
-    # ---- demonstrations (SFT warm-start) ------------------------------------------------------
-    def demonstrations(self, batch: TaskBatch, counts: Optional[collections.Counter] = None) -> list[Trajectory]:
-        """Demonstration trajectories (origin ``demo``) for the SFT warm-start phase; ``counts`` gets the
-        scripted reflection data's alternative-guidance tallies (``scripted_reflection_samples``)."""
-        if self.demos.source == "suite":
-            return self._suite_demonstrations(batch, self.connected_loop, counts)
-        return self._file_demonstrations(batch, self.tokenizer)
-
-    def _demo_tasks(self, batch: TaskBatch) -> list[Task]:
-        n = self.demos.tasks_per_step
-        if n <= 0 or n == len(batch.tasks):
-            return batch.tasks
-        rank, world = self._rank_world()
-        first = (batch.step * world + rank) * n
-        return [self.suite.train_task(first + j) for j in range(n)]
-
-    def _suite_demonstrations(self, batch: TaskBatch, loop: AgentLoop, counts: Optional[collections.Counter] = None) -> list[Trajectory]:
-        tasks = self._demo_tasks(batch)
-        actions = [self.suite.demonstration(task) for task in tasks]
-        missing = [t.task_id for t, a in zip(tasks, actions) if not a]
-        if missing:
-            raise ValueError(
-                f"data.demos.source=suite: {type(self.suite).__name__} has no demonstration for task {missing[0]!r}; "
-                "give a JSONL file of demonstrations instead"
-            )
-        demos = loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], actions)
-        if self.demos.reflections:
-            rng = random.Random(self.rollout_seed(batch.step))
-            n = self.demos.reflection_tasks_per_step
-            chosen = tasks[:n] if n > 0 else tasks
-            demos += scripted_reflection_samples(
-                loop, self.reflector, chosen, rng, self.demos.success_share_at(batch.step), self.demos.alternative_guidance_share, counts
-            )
-        return demos
-
-    def _file_demonstrations(self, batch: TaskBatch, tokenizer) -> list[Trajectory]:
-        if self._demo_rows is None:
-            self._demo_rows = load_chat_jsonl(self.demos.source)
-        rows = self._demo_rows
-        rank, world = self._rank_world()
-        n = self.demos.tasks_per_step if self.demos.tasks_per_step > 0 else self.tasks_per_step
-        start = (batch.step * world + rank) * n
-        return [
-            conversation_trajectory(rows[(start + j) % len(rows)], tokenizer, f"demo-{(start + j) % len(rows)}")
-            for j in range(n)
-        ]
-
-
-def load_chat_jsonl(path: str) -> list[list[dict]]:
-    """Rows of ``{"messages": [{"role", "content"}, ...]}``; errors name the file, row and field."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.demos.source: no such file {path!r}")
-    rows = []
-    for number, row in numbered_jsonl_rows(path):
-        messages = row.get("messages") if isinstance(row, dict) else None
-        if not isinstance(messages, list) or not messages:
-            raise ValueError(f"{path}, row {number}: field 'messages' (a non-empty list) is missing")
-        for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                raise ValueError(f"{path}, row {number}: field 'messages' has an entry without a valid role/content")
-        if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"{path}, row {number}: field 'messages' has no assistant message to train on")
-        check_role_order([m["role"] for m in messages], f"{path}, row {number}")
-        rows.append(messages)
-    if not rows:
-        raise ValueError(f"data.demos.source: {path!r} has no rows")
-    return rows
-
-
-def check_role_order(roles: list[str], where: str) -> None:
-    """An optional system message first, then user and assistant messages alternating, starting with a
-    user message (two user messages in a row would silently lose the first)."""
-    body = roles[1:] if roles[:1] == ["system"] else roles
-    for position, role in enumerate(body):
-        expected = "user" if position % 2 == 0 else "assistant"
-        if role != expected:
-            raise ValueError(
-                f"{where}: message {position + 1 + (len(roles) - len(body))} is {role!r} where {expected!r} was expected "
-                "(messages: an optional system message, then user and assistant alternating)"
-            )
-
-
-def conversation_trajectory(messages: list[dict], tokenizer, task_id: str, origin: str = "demo") -> Trajectory:
-    """Tokenize a finished chat conversation into turns, incrementally (same scheme as the agent loop)."""
-    system = next((m["content"] for m in messages if m["role"] == "system"), None)
-    chat = ChatFormatter(tokenizer, system_prompt=system)
-    turns: list[Turn] = []
-    pending: Optional[list[int]] = None
-    for m in messages:
-        if m["role"] == "system":
-            continue
-        if m["role"] == "user":
-            text = m["content"]
-            pending = chat.first_prompt(text) if not turns else chat.next_user_turn(text, previous_ended_with_eos=True)
-        else:
-            if pending is None:
-                raise ValueError(f"demonstration {task_id}: an assistant message must follow a user message")
-            ids = tokenizer(m["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            turns.append(Turn(context_ids=pending, response_ids=ids, action=m["content"]))
-            pending = None
-    return Trajectory(task_id=task_id, turns=turns, reward=1.0, success=True, origin=origin)
 
 
 def corpus_from_suite(suite: TaskSuite, agent: AgentLoopConfig, num_tasks: int = 64) -> list[str]:

@@ -278,7 +278,7 @@ class PromptSuite(TaskSuite):
             user message). A row's system message replaces ``system_prompt``.
         system_prompt: the system message of conversations whose prompt has none (empty: none).
         demo_column: the column holding a reference answer used as the SFT warm-start demonstration
-            (``data.demos.source: suite``); null: no demonstrations.
+            (``model.phases.warmstart.demos.source: suite``); null: no demonstrations.
         num_val_tasks: rows held out for validation (the first of a shuffle seeded by ``seed``).
         seed: seeds the hold-out and the per-epoch shuffles.
         success_reward: an episode whose reward reaches this counts as a success (``reward/success_rate``).

@@ -16,15 +16,16 @@ below the callbacks, so it asks the trainer's instances).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import torch
 
 from r3lightning.data.state_checks import expect_int, expect_type
 from r3lightning.training.models import tokenizer_fingerprint
+from r3lightning.training.phases import PhaseName, PhaseSchedule
 
-PHASES = ("sft", "rl")
-"""The values of the ``r3lightning`` section's ``phase``."""
+PHASES: tuple[str, ...] = get_args(PhaseName)
+"""The values of the ``r3lightning`` section's ``phase``: the phases' names (``training.phases``)."""
 
 
 def check_r3lightning_section(section: Any) -> None:
@@ -107,10 +108,10 @@ def r3lightning_section(phase: str, weight_version: int, skipped_steps: int, tok
     }
 
 
-def check_loadable(checkpoint: dict[str, Any], own: dict[str, torch.Tensor], tokenizer, sft_warmup_steps: int) -> dict[str, Any]:
+def check_loadable(checkpoint: dict[str, Any], own: dict[str, torch.Tensor], tokenizer, phases: PhaseSchedule) -> dict[str, Any]:
     """Refuse a checkpoint that does not fit this run (tokenizer, parameter shapes, missing weights),
     and fill in a missing KL reference where this run's own is the right one. Returns the checkpoint's
-    ``r3lightning`` section. ``own``: the module's state dict."""
+    ``r3lightning`` section. ``own``: the module's state dict; ``phases``: this run's schedule."""
     saved = checkpoint.get("r3lightning")
     if saved is None:
         raise ValueError("checkpoint was not written by r3lightning (no 'r3lightning' section)")
@@ -123,12 +124,12 @@ def check_loadable(checkpoint: dict[str, Any], own: dict[str, torch.Tensor], tok
     missing = [k for k in own if k not in checkpoint["state_dict"] and not k.startswith("val_metrics")]
     no_reference = [k for k in missing if k.startswith("reference.")]
     if no_reference:
-        if 0 < sft_warmup_steps < checkpoint.get("global_step", 0):
+        if phases.past_warmstart(checkpoint.get("global_step", 0)):
             raise ValueError(
                 f"checkpoint: it has no reference model (trained with kl_coef 0) and is past the warm-start "
-                f"(step {checkpoint['global_step']} > sft_warmup_steps {sft_warmup_steps}), so the warm-started policy "
-                "the KL should anchor to is not in it. Resume with kl_coef: 0, or from a checkpoint saved "
-                f"by step {sft_warmup_steps}."
+                f"(step {checkpoint['global_step']} > model.phases.warmstart.steps {phases.rl_start}), so the "
+                "warm-started policy the KL should anchor to is not in it. Resume with kl_coef: 0, or from a "
+                f"checkpoint saved by step {phases.rl_start}."
             )
         # Before the first RL step the reference is either the initial model (rebuilt identically by
         # configure_model) or about to be anchored to the warm-started policy: this run's own will do.

@@ -103,8 +103,8 @@ def test_ckpt_path_last_without_a_checkpoint_fails_naming_where_it_looked(tmp_pa
 # ---- SIGTERM in the middle of a step ------------------------------------------------------------------
 TINY_FIT = [
     "--config", str(BASE_RECIPE),
-    "--model.phases.sft_warmup_steps", "2",
-    "--data.tasks_per_step", "2", "--data.group_size", "4", "--data.demos.tasks_per_step", "4",
+    "--model.phases.warmstart.steps", "2",
+    "--data.tasks_per_step", "2", "--data.group_size", "4", "--model.phases.warmstart.demos.tasks_per_step", "4",
     "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
 ]
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from r3lightning.callbacks.phase_report import PhaseReport, SeedSpread, spread_text
+from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
 
 
 def _trainer(tmp_path, step, metrics):
@@ -23,7 +24,7 @@ def _trainer(tmp_path, step, metrics):
 
 def test_summary_names_warmup_and_final_and_averages_rl_retry_figures(tmp_path, capsys):
     report = PhaseReport()
-    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=10))
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=10)))
     report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
     for step, rate in ((11, 0.5), (12, 0.0), (13, 0.25)):
         # The step's own scalars come from the module (``callback_metrics`` keeps stale values).
@@ -36,7 +37,7 @@ def test_summary_names_warmup_and_final_and_averages_rl_retry_figures(tmp_path, 
     resumed.on_fit_end(_trainer(tmp_path, 20, {}), module)
 
     summary = json.loads((tmp_path / "phase_report.json").read_text())
-    assert summary["after_warmup"]["step"] == 10 and summary["after_warmup"]["phase"] == "warmup"
+    assert summary["after_warmup"]["step"] == 10 and summary["after_warmup"]["phase"] == "warmstart"
     assert summary["final"]["val/success_rate_greedy"] == 0.75 and summary["final"]["phase"] == "rl"
     assert summary["rl_rollout_means"] == {"rollout/retry_improvement_rate": 0.25}
     printed = capsys.readouterr().out
@@ -54,7 +55,7 @@ def _validate(report, tmp_path, step, metrics, module, tasks=4):
 
 def test_each_validation_is_written_as_json_and_markdown(tmp_path):
     report = PhaseReport()
-    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=0))
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=0)))
     metrics = {
         "val/success_rate_greedy": 0.5, "val/success_rate": 0.25, "val/pass@1": 0.25, "val/pass@2": 0.5,
         "val/pass@4": 0.75, "val/mean@4": 0.25, "val/reward_mean": 0.3, "val/response_len_greedy": 6.0,
@@ -74,7 +75,7 @@ def test_each_validation_is_written_as_json_and_markdown(tmp_path):
 def test_fit_end_plots_progress_and_says_where_the_files_are(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     report = PhaseReport()
-    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=2))
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=2)))
     _validate(report, tmp_path, 2, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}, module)
     for step, reward in ((3, 0.1), (4, 0.3)):
         module.last_step_metrics = {"reward/mean": reward}
@@ -97,7 +98,7 @@ def test_fit_end_plots_progress_and_says_where_the_files_are(tmp_path, capsys):
 def test_without_matplotlib_the_plot_is_skipped_with_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import matplotlib.figure raises ImportError
     report = PhaseReport()
-    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=0))
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=0)))
     _validate(report, tmp_path, 3, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}, module)
     report.on_fit_end(_trainer(tmp_path, 3, {}), module)
     printed = capsys.readouterr().out
@@ -109,7 +110,7 @@ def test_a_recipes_seed_spread_is_printed_beside_the_runs_figures(tmp_path, caps
     """Hand-computed: [0.25, 0.5, 0.75] -> mean 50.0%, sample std 25.0, range 25.0-75.0."""
     spread = SeedSpread(after_warmup_greedy=[0.1, 0.2], after_rl_greedy=[0.25, 0.5, 0.75], source="docs/results.md")
     report = PhaseReport(seed_spread=spread)
-    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=10))
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=10)))
     report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
     report.on_validation_end(_trainer(tmp_path, 20, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
     report.on_fit_end(_trainer(tmp_path, 20, {}), module)
@@ -122,7 +123,7 @@ def test_a_recipes_seed_spread_is_printed_beside_the_runs_figures(tmp_path, caps
 
 def test_the_summary_names_the_last_checkpoint(tmp_path, capsys):
     report = PhaseReport()
-    module = SimpleNamespace(phases=SimpleNamespace(sft_warmup_steps=10))
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=10)))
     report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
     trainer = _trainer(tmp_path, 20, {})
     trainer.callbacks = [SimpleNamespace(), SimpleNamespace(last_model_path=str(tmp_path / "checkpoints" / "last.ckpt"))]

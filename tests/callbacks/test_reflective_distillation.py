@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.callbacks import ReflectiveToDirectDistillation
-from r3lightning.data.datamodule import DemoConfig
+from r3lightning.data.demonstrations import DemoConfig
 from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, write_jsonl
 from r3lightning.data.reflectrl.reflective_sft import build_sft_rows, scripted_critiques, suite_verifier, training_gnt_rows
 from r3lightning.envs.reflective import ReflectiveSuite
@@ -53,7 +53,7 @@ def make(files, sft_steps=2, algorithm=None, seed=3, direct_tasks="pool"):
         ReflectiveSuite(DigitSuite(), files.pool, direct_tasks=direct_tasks), sft_steps=sft_steps, lr=1e-2, seed=seed,
         algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
     )
-    dm.demos = DemoConfig(source=files.sft, tasks_per_step=4)
+    module.phases.warmstart.demos = DemoConfig(source=files.sft, tasks_per_step=4)
     return module, dm
 
 
@@ -89,9 +89,9 @@ class Probe(L.Callback):
         self.steps[trainer.global_step - 1] = {
             "reflective": [bool(t.data.get("reflective")) for t in batch.tasks],
             "phase": float(metrics["distill/phase"]),
-            "kl": float(metrics["distill/kl_teacher"]) if "distill/kl_teacher" in metrics and module.phase == "rl" else None,
+            "kl": float(metrics["distill/kl_teacher"]) if "distill/kl_teacher" in metrics and module.phase.is_rl else None,
             "has_teacher_loss": "train/loss_teacher_kl" in metrics,
-            "context_rate": float(metrics["distill/teacher_context_rate"]) if "distill/teacher_context_rate" in metrics and module.phase == "rl" else None,
+            "context_rate": float(metrics["distill/teacher_context_rate"]) if "distill/teacher_context_rate" in metrics and module.phase.is_rl else None,
             "distance": float(metrics["distill/teacher_param_distance"]) if "distill/teacher_param_distance" in metrics else None,
         }
 
@@ -208,7 +208,7 @@ def test_later_switch_step_and_validation_modes(files, tmp_path):
     fit(module, dm, 4, [callback, probe], limit_val_batches=1, val_check_interval=2, check_val_every_n_epoch=None,
         default_root_dir=str(tmp_path))  # the callback's report goes there, not into the working directory
     assert probe.set_teacher_calls == [(2, True)]
-    assert all(probe.steps[1]["reflective"]) and module.phase == "rl"  # step 1 was a reflective RL step
+    assert all(probe.steps[1]["reflective"]) and module.phase.is_rl  # step 1 was a reflective RL step
     assert not any(probe.steps[2]["reflective"])
     assert probe.validations == [(2, True), (4, False)]
     first, last = callback.records

@@ -195,7 +195,7 @@ def test_r3l_fit_with_the_vllm_engine(tmp_path, monkeypatch):
             "--trainer.logger", "false",
             "--trainer.enable_checkpointing", "false",
             "--trainer.enable_progress_bar", "false",
-            "--model.phases.sft_warmup_steps", "1",
+            "--model.phases.warmstart.steps", "1",
             "--model.engine.kv_cache_gb", "0.0625",
             "--data.suite.init_args.num_val_tasks", "8",
         ]

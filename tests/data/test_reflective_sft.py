@@ -8,7 +8,7 @@ from harness import suite_tokenizer
 from reflectrl_helpers import arithmetic_suite, write_pool
 
 from r3lightning.cli.main import main
-from r3lightning.data.datamodule import conversation_trajectory, load_chat_jsonl
+from r3lightning.data.demonstrations import conversation_trajectory, load_chat_jsonl
 from r3lightning.data.reflectrl.reflective_sft import (
     build_sft_rows,
     keep_verified,

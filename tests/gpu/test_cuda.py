@@ -8,11 +8,13 @@ import torch
 from harness import TINY_SPEC, quiet_trainer, weights_changed
 
 from r3lightning.algos import selective_log_softmax
-from r3lightning.data.datamodule import DemoConfig, RolloutDataModule
+from r3lightning.data.datamodule import RolloutDataModule
+from r3lightning.data.demonstrations import DemoConfig
 from r3lightning.envs.textworld_procedural import ProceduralWorldSuite
 from r3lightning.training.models import ModelConfig
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.training.optim import OptimConfig, PhaseConfig
+from r3lightning.training.optim import OptimConfig
+from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
 from r3lightning.module import R3LightningModule
 from r3lightning.rollout.agent_loop import AgentLoopConfig
 from r3lightning.rollout.chat import ChatFormatter
@@ -64,13 +66,12 @@ def _module_and_data():
         sampling=SamplingParams(max_new_tokens=12),
         agent=AgentLoopConfig(action_format="tag", max_context_tokens=512),
         explorer=ReflectRetryExplorer(max_reflection_tokens=48),
-        demos=DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=2),
     )
     module = R3LightningModule(
         model=ModelConfig(tiny=TINY_SPEC),
         algorithm=AlgorithmConfig(policy_loss="pg", positive_amplification=True, pivotal_credit=True, sft_weight=0.1),
         optim=OptimConfig(lr=1e-3, micro_batch_size=8),
-        phases=PhaseConfig(sft_warmup_steps=2),
+        phases=PhaseSchedule(WarmStartPhase(steps=2, demos=DemoConfig(reflections=True, tasks_per_step=4, reflection_tasks_per_step=2))),
     )
     return module, data
 

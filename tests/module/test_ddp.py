@@ -34,7 +34,7 @@ def test_r3l_fit_with_ddp_shards_tasks_reduces_counts_and_keeps_replicas_identic
             "--config", str(ROOT / "configs/trainer/ddp.yaml"),
             "--config", str(extra),
             "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-            "--model.phases.sft_warmup_steps", "1", "--model.optim.micro_batch_size", "32",
+            "--model.phases.warmstart.steps", "1", "--model.optim.micro_batch_size", "32",
             "--data.suite.init_args.num_val_tasks", "8", "--trainer.enable_progress_bar", "false",
             "--trainer.logger.init_args.save_dir", str(tmp_path),
         ],

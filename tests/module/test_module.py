@@ -138,25 +138,30 @@ def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):
 
 def test_scheduled_learning_rate_warm_up_then_phase_rates():
     from r3lightning.training.optim import scheduled_learning_rate
+    from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
 
-    optim = OptimConfig(lr=0.1, sft_lr=1.0, warmup_steps=1)
-    # Linear warm-up halves each phase's first step; the SFT rate holds until the warm-start's last
+    optim = OptimConfig(lr=0.1, warmup_steps=1)
+    phases = PhaseSchedule(WarmStartPhase(steps=3, lr=1.0))
+    # Linear warm-up halves each phase's first step; the warm-start's rate holds until its last
     # step (2), then RL warms up again from step 3.
-    rates = [scheduled_learning_rate(step, optim, sft_steps=3) for step in range(5)]
+    rates = [scheduled_learning_rate(step, optim, phases.at(step)) for step in range(5)]
     assert rates == pytest.approx([0.5, 1.0, 1.0, 0.05, 0.1])
-    assert scheduled_learning_rate(0, OptimConfig(lr=0.3), sft_steps=2) == pytest.approx(0.3)
+    no_rate = PhaseSchedule(WarmStartPhase(steps=2))
+    assert scheduled_learning_rate(0, OptimConfig(lr=0.3), no_rate.at(0)) == pytest.approx(0.3)
 
 
 def test_scheduled_learning_rate_cosine_decays_each_phase():
     from r3lightning.training.optim import scheduled_learning_rate
+    from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
 
-    optim = OptimConfig(lr=1.0, sft_lr=2.0, warmup_steps=1, lr_decay="cosine", min_lr_ratio=0.1)
+    optim = OptimConfig(lr=1.0, warmup_steps=1, lr_decay="cosine", min_lr_ratio=0.1)
+    phases = PhaseSchedule(WarmStartPhase(steps=3, lr=2.0))
     # SFT steps 0-2: warm-up, then cos over (3 - 1) steps: 0.1 + 0.9 * (1 + cos(pi / 2)) / 2 = 0.55 at step 2.
     # RL steps 3-6 (total 7): warm-up, then cos over 3 steps: progress 0, 1/3, 2/3.
-    rates = [scheduled_learning_rate(step, optim, sft_steps=3, total_steps=7) for step in range(7)]
+    rates = [scheduled_learning_rate(step, optim, phases.at(step), total_steps=7) for step in range(7)]
     assert rates == pytest.approx([1.0, 2.0, 1.1, 0.5, 1.0, 0.775, 0.325])
     with pytest.raises(ValueError, match="trainer.max_steps"):
-        scheduled_learning_rate(3, optim, sft_steps=3, total_steps=None)
+        scheduled_learning_rate(3, optim, phases.at(3), total_steps=None)
     with pytest.raises(ValueError, match="min_lr_ratio"):
         OptimConfig(min_lr_ratio=1.5)
 
@@ -164,7 +169,7 @@ def test_scheduled_learning_rate_cosine_decays_each_phase():
 @pytest.mark.parametrize("reset", [True, False])
 def test_optimizer_state_reset_when_rl_starts(reset):
     module, dm = module_and_data(sft_steps=2)
-    module.phases.reset_optimizer_for_rl = reset
+    module.phases.rl.reset_optimizer = reset
     adam_steps = []
 
     class AdamStepSpy(L.Callback):
@@ -183,7 +188,7 @@ def test_validations_during_sft_skipped_without_changing_training():
     runs = {}
     for validate_during_sft in (True, False):
         module, dm = module_and_data(sft_steps=2)
-        module.phases.validate_during_sft = validate_during_sft
+        module.phases.warmstart.validate = validate_during_sft
         report = PhaseReport()
         quiet_trainer(
             3, val_check_interval=1, check_val_every_n_epoch=None, limit_val_batches=1, callbacks=[report]

@@ -1,5 +1,6 @@
-"""The module uses the datamodule through ``connect``, ``rollout`` and ``evaluate`` (and, to train an
-in-memory tokenizer, ``tokenizer_corpus``); everything else a step needs comes with the rollout."""
+"""The module uses the datamodule through ``connect``, ``rollout`` (RL steps), ``demonstrations``
+(warm-start steps) and ``evaluate`` (and, to train an in-memory tokenizer, ``tokenizer_corpus``);
+everything else a step needs comes with the rollout."""
 
 import ast
 from pathlib import Path
@@ -24,5 +25,5 @@ def datamodule_uses() -> set[str]:
     }
 
 
-def test_the_module_uses_the_datamodule_through_connect_rollout_and_evaluate():
-    assert datamodule_uses() == {"connect", "rollout", "evaluate", "tokenizer_corpus"}
+def test_the_module_uses_the_datamodule_through_connect_rollout_demonstrations_and_evaluate():
+    assert datamodule_uses() == {"connect", "rollout", "demonstrations", "evaluate", "tokenizer_corpus"}

@@ -10,7 +10,7 @@
   which gives ``reflect_sft/critique_verified_rate``.
 
 The rows are ``{"messages": [system, user, assistant], "kind": "gt_plus"|"reflective", "provenance": {...}}``,
-what ``data.demos.source`` reads (``load_chat_jsonl``; the extra keys are ignored there). File
+what ``model.phases.warmstart.demos.source`` reads (``load_chat_jsonl``; the extra keys are ignored there). File
 demonstrations are taken in file order, so ``build_sft_rows`` shuffles them once with a seed: every
 warm-start step then mixes both kinds.
 """

@@ -356,6 +356,8 @@ class RolloutDataModule(L.LightningDataModule):
         params = SamplingParams(
             temperature=0.0 if greedy else self.val_sampling.temperature,
             top_p=self.val_sampling.top_p,
+            top_k=self.val_sampling.top_k,
+            min_p=self.val_sampling.min_p,
             max_new_tokens=self.val_sampling.max_new_tokens,
             stop=list(self.val_sampling.stop),
         )

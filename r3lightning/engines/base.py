@@ -15,12 +15,19 @@ class SamplingParams:
     Args:
         temperature: softmax temperature; 0 means greedy decoding.
         top_p: nucleus sampling mass (1.0 disables it).
+        top_k: sample among the ``top_k`` most likely tokens only (ties with the k-th kept); 0 disables it.
+        min_p: sample among tokens at least ``min_p`` times as likely as the most likely one; 0 disables it.
+            The truncations (top-k, then min-p, then top-p) choose which tokens may be drawn; a token's
+            behaviour log-prob stays that of the whole softmax(logits / temperature) on the ``hf``
+            engine, which is what the trainer recomputes (docs/engines.md).
         max_new_tokens: generation budget per call.
         stop: extra stop strings; generation ends after the token that completes one (kept in the output).
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     max_new_tokens: int = 64
     stop: list[str] = field(default_factory=list)
 
@@ -30,10 +37,19 @@ class SamplingParams:
             problems.append(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            problems.append(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            problems.append(f"min_p must be in [0, 1) (0 disables it), got {self.min_p}")
         if self.max_new_tokens < 1:
             problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if problems:
             raise ValueError("sampling (data.sampling / data.val_sampling): " + "; ".join(problems))
+
+    @property
+    def truncation(self) -> tuple[float, int, float]:
+        """(top_p, top_k, min_p): which tokens the sampler may draw."""
+        return (self.top_p, self.top_k, self.min_p)
 
     @property
     def greedy(self) -> bool:

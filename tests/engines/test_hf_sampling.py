@@ -5,15 +5,15 @@ import torch
 
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.engine import HFEngine
-from r3lightning.engines.hf.sampling import sample_tokens
+from r3lightning.engines.hf.sampling import next_tokens, sample_tokens
 from r3lightning.rollout.chat import ChatFormatter
 
 DRAWS = 40_000
 
 
-def _frequencies(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+def _frequencies(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> torch.Tensor:
     torch.manual_seed(0)
-    tokens = sample_tokens(logits.expand(DRAWS, -1), temperature, top_p)
+    tokens = sample_tokens(logits.expand(DRAWS, -1), temperature, top_p, top_k=top_k, min_p=min_p)
     return torch.bincount(tokens, minlength=logits.shape[-1]).float() / DRAWS
 
 
@@ -33,6 +33,39 @@ def test_top_p_keeps_the_nucleus_renormalized():
     torch.testing.assert_close(frequencies, torch.tensor([0.625, 0.0, 0.375, 0.0]), atol=0.01, rtol=0)
     # A top_p below the most likely token's mass keeps that token alone.
     assert torch.equal(_frequencies(probs.log(), 1.0, top_p=0.1), torch.tensor([1.0, 0.0, 0.0, 0.0]))
+
+
+def test_top_k_and_min_p_keep_their_tokens_renormalized():
+    probs = torch.tensor([[0.5, 0.05, 0.3, 0.15]])
+    # top_k 2 keeps 0.5 and 0.3: 0.625 / 0.375.
+    torch.testing.assert_close(_frequencies(probs.log(), 1.0, top_k=2), torch.tensor([0.625, 0.0, 0.375, 0.0]), atol=0.01, rtol=0)
+    # min_p 0.25 keeps tokens with p >= 0.125: 0.5, 0.3, 0.15 (sum 0.95).
+    torch.testing.assert_close(
+        _frequencies(probs.log(), 1.0, min_p=0.25), torch.tensor([0.5, 0.0, 0.3, 0.15]) / 0.95, atol=0.01, rtol=0
+    )
+    # top_k 3 leaves 0.95; top_p 0.6 of that (0.57) is reached after 0.5 + 0.3: 0.625 / 0.375.
+    torch.testing.assert_close(
+        _frequencies(probs.log(), 1.0, top_p=0.6, top_k=3), torch.tensor([0.625, 0.0, 0.375, 0.0]), atol=0.01, rtol=0
+    )
+    # top_k at or above the vocabulary size truncates nothing.
+    torch.testing.assert_close(_frequencies(probs.log(), 1.0, top_k=4), probs[0], atol=0.01, rtol=0)
+
+
+def test_behaviour_logprob_is_the_whole_tempered_softmax_under_truncation():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(64, -1)
+    torch.manual_seed(0)
+    tokens, logprobs = next_tokens(logits, 0.5, 0.9, None, top_k=2, min_p=0.1)
+    assert set(tokens.tolist()) <= {0, 1}
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits / 0.5, dim=-1).gather(-1, tokens[:, None])[:, 0])
+
+
+def test_sampling_params_refuse_bad_truncation():
+    import pytest
+
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        SamplingParams(top_k=-1)
+    with pytest.raises(ValueError, match=r"min_p must be in \[0, 1\)"):
+        SamplingParams(min_p=1.0)
 
 
 def test_impossible_tokens_are_never_drawn_and_a_seed_repeats():

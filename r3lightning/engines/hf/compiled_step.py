@@ -34,7 +34,7 @@ class CompiledFusedStep:
     compiles a graph with those sizes symbolic (its automatic dynamic shapes) that serves every later
     size, so an agent loop whose batch shrinks as episodes end and whose contexts grow turn by turn
     compiles a few graphs, not one per shape (44 shapes, 3 graphs in the agent-loop benchmark). A
-    temperature or top_p not seen before compiles anew (they are constants in the graph). After
+    temperature or truncation (top_p, top_k, min_p) not seen before compiles anew (they are constants in the graph). After
     ``max_graphs`` compilations a call of an unseen shape is refused (``accepts`` is False: the
     caller decodes eagerly and counts it), so nothing compiles without end.
     """
@@ -49,24 +49,25 @@ class CompiledFusedStep:
         options = {"cpp_wrapper": True} if backend == "inductor" and mode is None and on_cpu else None
         self.fn = torch.compile(self._step_and_pick, backend=backend, mode=mode, options=options)  # dynamic=None: automatic dynamic shapes
         self.graphs = 0  # graphs dynamo compiled for this step
-        self.shapes: set[tuple[int, int, float, float]] = set()  # (rows, columns, temperature, top_p) seen
-        self.compile_s: dict[tuple[int, int, float, float], float] = {}  # shape -> seconds of the call that compiled for it
+        self.shapes: set[tuple[int, int, float, tuple[float, int, float]]] = set()  # (rows, columns, temperature, (top_p, top_k, min_p)) seen
+        self.compile_s: dict[tuple[int, int, float, tuple[float, int, float]], float] = {}  # shape -> seconds of the call that compiled for it
 
-    def _step_and_pick(self, token_ids, positions, column, buffers, attention_mask, draw, temperature: float, top_p: float):
+    def _step_and_pick(self, token_ids, positions, column, buffers, attention_mask, draw, temperature: float, truncation: tuple[float, int, float]):
         logits = self.decoder.step_static(token_ids, positions, column, buffers, attention_mask).float()
-        return next_tokens(logits, temperature, top_p, draw)
+        top_p, top_k, min_p = truncation
+        return next_tokens(logits, temperature, top_p, draw, top_k, min_p)
 
-    def accepts(self, shape: tuple[int, int, float, float]) -> bool:
+    def accepts(self, shape: tuple[int, int, float, tuple[float, int, float]]) -> bool:
         return shape in self.shapes or self.graphs < self.max_graphs
 
-    def __call__(self, token_ids, positions, column, buffers, attention_mask, draw, temperature: float, top_p: float):
+    def __call__(self, token_ids, positions, column, buffers, attention_mask, draw, temperature: float, truncation: tuple[float, int, float]):
         """Token [B] and log-prob [B] after ``token_ids`` (see ``FusedDecoder.step_static`` and ``next_tokens``).
 
         Graphs are counted on every call, not only for new shapes: dynamo also recompiles a known shape
         when another guard fails (an input's strides, say), and such a compilation must show."""
-        shape = (token_ids.shape[0], attention_mask.shape[-1], temperature, top_p)
+        shape = (token_ids.shape[0], attention_mask.shape[-1], temperature, truncation)
         graphs_before, start = compiled_graphs(), time.perf_counter()
-        picked = self.fn(token_ids, positions, column, buffers, attention_mask, draw, temperature, top_p)
+        picked = self.fn(token_ids, positions, column, buffers, attention_mask, draw, temperature, truncation)
         self.shapes.add(shape)
         new_graphs = compiled_graphs() - graphs_before
         if new_graphs:
@@ -98,14 +99,14 @@ class StaticDecoding:
         self.mask[..., :filled] = context_mask
         self.column = torch.tensor([filled], device=context_mask.device)
 
-    def step(self, token_ids: torch.Tensor, positions: torch.Tensor, draw: Optional[torch.Tensor], temperature: float, top_p: float):
+    def step(self, token_ids: torch.Tensor, positions: torch.Tensor, draw: Optional[torch.Tensor], temperature: float, truncation: tuple[float, int, float]):
         """The next token [B] and its log-prob [B] after ``token_ids`` [B] at ``positions`` [B] (``draw``:
         the sampler's uniforms [B, 1], None when greedy); their keys and values fill the next column."""
         self.mask[..., self.filled] = 0.0
         # Contiguous inputs: the first step's positions are a column of the prompts' [B, W] positions,
         # and a graph compiled for that stride would be compiled again for the next steps' [B].
         token_ids, positions = token_ids.contiguous(), positions.contiguous()
-        picked = self.step_fn(token_ids, positions, self.column, self.buffers, self.mask, draw, temperature, top_p)
+        picked = self.step_fn(token_ids, positions, self.column, self.buffers, self.mask, draw, temperature, truncation)
         self.column += 1
         self.filled += 1
         return picked

@@ -266,7 +266,7 @@ class HFEngine:
         ``sample_tokens``), inside the compiled step with ``fused_compiled``. Only the tokenizer's stop
         tokens end a row: a checkpoint's ``generation_config`` (repetition penalty, its own sampling
         defaults) does not apply, as in the vllm engine, so behaviour log-probs are exactly
-        log softmax(logits / temperature) of the distribution drawn from (with ``top_p`` 1).
+        log softmax(logits / temperature), the distribution drawn from when no truncation is set.
         """
         rows = input_ids.shape[0]
         cached = past.get_seq_length() if past is not None else 0
@@ -296,7 +296,7 @@ class HFEngine:
                 if self.decode == "fused_compiled" and static is None and step == first_decode_step:
                     static = self._static_decoding(fused, past, additive, input_ids.shape[1] + params.max_new_tokens, params)
                 if static is not None:
-                    token, logprob = static.step(step_ids[:, 0], step_positions[:, 0], draw, params.temperature, params.top_p)
+                    token, logprob = static.step(step_ids[:, 0], step_positions[:, 0], draw, params.temperature, params.truncation)
                 else:
                     logits = fused.step(step_ids[:, 0], step_positions[:, 0], past, additive[..., : input_ids.shape[1] + step]).float()
             elif fused is not None and input_ids.device.type == "cpu":
@@ -311,7 +311,7 @@ class HFEngine:
                 past = out.past_key_values
                 logits = out.logits[:, -1].float()
             if logits is not None:
-                token, logprob = next_tokens(logits, params.temperature, params.top_p, draw)
+                token, logprob = next_tokens(logits, params.temperature, params.top_p, draw, params.top_k, params.min_p)
             token = token.masked_fill(finished, self.tokenizer.pad_token_id)
             tokens.append(token)
             logprobs.append(logprob)
@@ -337,7 +337,7 @@ class HFEngine:
         if self._compiled_step is None or self._compiled_step.decoder is not fused:
             self._compiled_step = CompiledFusedStep(fused, backend=self.compile_backend, mode=self.compile_mode)
         capacity = column_bucket(columns)
-        if not self._compiled_step.accepts((additive.shape[0], capacity, params.temperature, params.top_p)):
+        if not self._compiled_step.accepts((additive.shape[0], capacity, params.temperature, params.truncation)):
             self.stats["fused_compile_skipped"] += 1
             return None
         filled = past.get_seq_length()

@@ -9,9 +9,9 @@ after optimizer steps with :meth:`VLLMEngine.load_weights`.
 
 Behaviour log-probs: vLLM is started with ``logprobs_mode="processed_logprobs"``, the log softmax of
 ``logits / temperature`` (``raw_logprobs``, vLLM's default, would ignore the temperature). This is
-the engine contract (and the trainer's ``log_softmax(logits / T)``) whenever ``top_p == 1``; with
-``top_p < 1`` vLLM renormalizes over the nucleus, so the returned log-probs are those of the
-truncated distribution the token was actually drawn from (docs/engines.md; set
+the engine contract (and the trainer's ``log_softmax(logits / T)``) whenever no truncation is set; with
+``top_p < 1``, ``top_k`` or ``min_p`` vLLM renormalizes over the tokens kept, so the returned log-probs
+are those of the truncated distribution the token was actually drawn from (docs/engines.md; set
 ``algorithm.recompute_old_logprobs: true`` when the ratio must be against the full softmax).
 
 The policy's weights reach vLLM through ``engines.vllm.weights`` (checkpoint-named full tensors).
@@ -195,7 +195,8 @@ class VLLMEngine:
             n=1,
             temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p,
-            top_k=0 if greedy else -1,
+            top_k=-1 if greedy or params.top_k == 0 else params.top_k,
+            min_p=0.0 if greedy else params.min_p,
             max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,

@@ -82,7 +82,8 @@ class CritiqueRefineExplorer:
         """The policy's critique of each trajectory (stripped text; empty when it wrote nothing), in
         one batched engine call at ``critique_temperature`` and the rollout's top-p."""
         critique_params = SamplingParams(
-            temperature=self.critique_temperature, top_p=params.top_p, max_new_tokens=self.max_critique_tokens
+            temperature=self.critique_temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+            max_new_tokens=self.max_critique_tokens
         )
         _, generations = ask_policy(loop, [self.critique_prompt(t) for t in trajectories], critique_params)
         return [loop.tokenizer.decode(g.token_ids, skip_special_tokens=True).strip() for g in generations]

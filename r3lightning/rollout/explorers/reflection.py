@@ -279,7 +279,9 @@ class Reflector:
             texts = scripted_reflections(loop.suite, trajectories, tasks)
             answers = target_tokens(loop.tokenizer, texts)
         else:
-            reflect_params = SamplingParams(temperature=self.temperature, top_p=params.top_p, max_new_tokens=self.max_tokens)
+            reflect_params = SamplingParams(
+                temperature=self.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p, max_new_tokens=self.max_tokens
+            )
             prompts, generations = ask_policy(loop, messages, reflect_params)
             answers = [g.token_ids for g in generations]
             texts = [loop.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]

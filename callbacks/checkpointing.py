@@ -11,6 +11,7 @@ from typing import Any, Optional
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from r3lightning.checkpointing.io import (
     LAST_CHECKPOINT,
@@ -21,6 +22,16 @@ from r3lightning.checkpointing.io import (
 )
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+class StopNow(KeyboardInterrupt):
+    """Raised by ``StepCheckpoint``'s handler on a second SIGTERM or SIGINT: it ends the step that is
+    running at the next Python instruction (within a decoding step or a micro-batch), the way Ctrl-C
+    does, and Lightning stops training through its interrupt path (``on_exception``)."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -37,10 +48,15 @@ class StepCheckpoint(ModelCheckpoint):
     On the first SIGTERM or SIGINT (Ctrl-C) during training, the step that is running finishes,
     ``last.ckpt`` is saved at that step boundary, validation is skipped and ``fit`` returns;
     ``stopped_by_signal`` then holds the signal's name and ``r3l`` exits with status 128 + its number
-    (143 for SIGTERM, 130 for SIGINT). A second signal stops at once (the previous handler runs:
-    Ctrl-C raises ``KeyboardInterrupt``, and ``r3l`` exits 130 all the same); the message names the
-    checkpoint to resume from, one that exists. Temporary files of saves that never finished (a
-    SIGKILL during a save) are removed when training starts.
+    (143 for SIGTERM, 130 for SIGINT). A second signal stops at once: its handler raises ``StopNow`` (a
+    ``KeyboardInterrupt``), which ends the step that is running within the decoding step or micro-batch
+    in progress; the step is dropped, ``HealthWatchdog`` saves ``exception.ckpt`` unless a checkpoint
+    of the same step exists (one file per event), and ``r3l`` exits 128 + the signal's number. Its line
+    says what is written, or that nothing is, and which file to resume from. Only the update itself is
+    not cut (an optimizer step half-applied would damage the weights): a second signal that arrives
+    once the step's optimizer step has begun lets the step end and saves ``last.ckpt`` there, as the
+    first one does. Temporary files of saves that never finished (a SIGKILL during a save) are removed
+    when training starts.
     Under several ranks the decision is shared (any rank's signal stops every rank after the same
     step).
 
@@ -68,6 +84,9 @@ class StepCheckpoint(ModelCheckpoint):
         self._resumed_from: Optional[str] = None
         self._previous_handlers: dict[int, Any] = {}
         self._step_files: list[str] = []
+        self._trainer: Optional[L.Trainer] = None
+        self._updating = False  # from the step's optimizer step to its end: a second signal does not cut it
+        self._update_hook = None
 
     @property
     def state_key(self) -> str:
@@ -92,38 +111,59 @@ class StepCheckpoint(ModelCheckpoint):
             removed = remove_stale_partials([*trainer_last_checkpoint_places(trainer, own), *own])
             if removed:
                 _print(f"[r3lightning] removed {len(removed)} partial checkpoint file(s) of saves that never finished: {', '.join(removed)}")
+        self._trainer = trainer
+        self._updating = False
         if self.stop_on_signal and threading.current_thread() is threading.main_thread():
             for name in STOP_SIGNALS:
                 signum = getattr(signal, name)
                 self._previous_handlers[signum] = signal.getsignal(signum)
                 signal.signal(signum, self._on_signal)
+            self._update_hook = register_optimizer_step_pre_hook(self._on_update)
+
+    def _on_update(self, optimizer, args, kwargs) -> None:
+        self._updating = True  # until on_train_batch_end: the weights are changing, then the step is whole
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if self.signal_received is not None:  # a second signal: stop now, the way it would have
-            previous = self._previous_handlers.get(signum, signal.SIG_DFL)
-            self._restore_handlers()
+        if self.signal_received is not None:  # a second signal: stop now
             self.interrupted_by = name
-            _print(f"[r3lightning] {name} again: stopping now (the step that was running is lost); {self._resume_hint()}")
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                signal.raise_signal(signum)
-            return
+            trainer = self._trainer
+            step = trainer.global_step if trainer is not None else 0
+            if self._updating:
+                _print(
+                    f"[r3lightning] {name} again: the step that is running has begun its update, which is not cut (it would "
+                    f"damage the weights); stopping as soon as that step ends, saving {self._last_path()}"
+                )
+                return
+            self._restore_handlers()
+            where = f"the validation after global step {step}" if trainer is not None and trainer.validating else f"global step {step + 1}"
+            _print(f"[r3lightning] {name} again: stopping now, inside {where} (dropped); {self._stop_now_plan()}")
+            raise StopNow(name)
         self.signal_received = name
         _print(
             f"[r3lightning] {name} received: finishing the current step, then saving {LAST_CHECKPOINT} "
             f"(send {name} again to stop at once)."
         )
 
-    def _resume_hint(self) -> str:
-        """Where to resume from after a second signal: the ``last.ckpt`` this run saved, if it did, else
-        the checkpoint it resumed from; named only when the file exists."""
+    def _last_path(self) -> str:
+        return os.path.join(str(self.dirpath), LAST_CHECKPOINT) if self.dirpath is not None else LAST_CHECKPOINT
+
+    def _stop_now_plan(self) -> str:
+        """What a second signal's stop writes, from the health watchdog that writes it (one file per
+        event), and which checkpoint to resume from; files named only when they exist or are being written."""
+        trainer = self._trainer
+        watchdog = next((c for c in trainer.callbacks if hasattr(c, "exception_save_plan")), None) if trainer else None
+        if watchdog is not None:
+            path, what = watchdog.exception_save_plan(trainer)
+            if path or "resume" in what:
+                return what
+        else:
+            what = "writing nothing (no HealthWatchdog saves an exception checkpoint)"
         if self.last_model_path and os.path.isfile(self.last_model_path):
-            return f"resume from {self.last_model_path} (global step {self._last_global_step_saved}) with --ckpt_path {self.last_model_path}"
+            return f"{what}; resume from {self.last_model_path} (global step {self._last_global_step_saved}) with --ckpt_path {self.last_model_path}"
         if self._resumed_from and os.path.isfile(self._resumed_from):
-            return f"this run saved no checkpoint yet; resume from {self._resumed_from}, which it started from"
-        return "this run saved no checkpoint yet (the health watchdog saves exception.ckpt when it can)"
+            return f"{what}; resume from {self._resumed_from}, which this run started from"
+        return f"{what}; this run has no checkpoint to resume from"
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():
@@ -132,8 +172,17 @@ class StepCheckpoint(ModelCheckpoint):
             except (ValueError, TypeError):  # not the main thread, or a handler set from C
                 pass
         self._previous_handlers = {}
+        if self._update_hook is not None:
+            self._update_hook.remove()
+            self._update_hook = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        try:
+            self._end_step(trainer)
+        finally:
+            self._updating = False  # the step is whole (and saved, if it stops here): a second signal cuts the next one
+
+    def _end_step(self, trainer: L.Trainer) -> None:
         stop = self.signal_received is not None
         if self.stop_on_signal and trainer.world_size > 1:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)  # every rank calls this every step

@@ -56,8 +56,9 @@ class HealthWatchdog(L.Callback):
     Args:
         save_checkpoint_on_bad_steps: save ``<log_dir>/checkpoints/bad_steps_stop.ckpt`` when the module stops
             after ``max_bad_steps`` consecutive non-finite steps.
-        save_checkpoint_on_exception: when training dies from an exception or Ctrl-C (one process only),
-            save what was trained so far to ``<log_dir>/checkpoints/exception.ckpt`` (best effort).
+        save_checkpoint_on_exception: when training dies from an exception or a second SIGTERM/SIGINT (one
+            process only), save what was trained so far to ``<log_dir>/checkpoints/exception.ckpt`` (best
+            effort), unless a checkpoint of the same step exists (``exception_save_plan``).
         window: RL steps the warnings average over.
         entropy_min: collapse threshold, nats per token.
         entropy_max: explosion threshold, nats per token (null: ``entropy_max_fraction`` · ln V).
@@ -153,23 +154,54 @@ class HealthWatchdog(L.Callback):
             "Usual causes: a learning rate too high, fp16 overflow, or bad data."
         )
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """Best-effort save of the weights trained so far when training dies (or is interrupted with
-        Ctrl-C) in a single process, to ``<log_dir>/checkpoints/exception.ckpt``. The step that was
-        running is lost: a resume continues at the next batch. Under several ranks nothing is saved
-        (saving is collective and the other ranks may be elsewhere)."""
-        if not self.save_checkpoint_on_exception or trainer.world_size > 1 or trainer.global_step == 0:
-            return
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start_step = trainer.global_step
+        self._resumed_from = str(trainer.ckpt_path) if trainer.ckpt_path else None
+
+    def exception_save_plan(self, trainer: L.Trainer) -> tuple[str, str]:
+        """What ``on_exception`` would write if training died now: ``(path, what)``, ``path`` empty when it
+        writes nothing, ``what`` the clause that says so (``StepCheckpoint`` prints it on a second signal).
+
+        One file per event: nothing is written when a checkpoint of this very step exists already (this
+        run's ``last.ckpt``, or the checkpoint it resumed from when no step finished since), nor when no
+        step was trained."""
+        step = trainer.global_step
+        if not self.save_checkpoint_on_exception:
+            return "", "writing nothing (HealthWatchdog save_checkpoint_on_exception is off)"
+        if trainer.world_size > 1:
+            return "", "writing nothing (under several ranks no exception checkpoint is saved)"
         if trainer.state.fn != TrainerFn.FITTING or self.stop_checkpoint or self.stopped_on_failed_rewards:
-            return  # stopped for a reason of its own (nothing trained since the last checkpoint)
+            return "", "writing nothing"  # stopped for a reason of its own (nothing trained since the last checkpoint)
+        same = same_step_checkpoint(trainer)
+        if same:
+            return "", f"writing nothing more: {same} holds global step {step} (resume with --ckpt_path {same})"
+        resumed = getattr(self, "_resumed_from", None)
+        if step == getattr(self, "_start_step", 0) and resumed and os.path.isfile(resumed):
+            return "", f"writing nothing: no step finished since this run resumed from {resumed} (resume from it again)"
+        if step == 0:
+            return "", "writing nothing: no step has finished yet"
         path = os.path.join(log_dir_of(trainer), "checkpoints", EXCEPTION_CHECKPOINT)
+        return path, f"saving {path} with the weights of global step {step} (resume with --ckpt_path {path})"
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Best-effort save of the weights trained so far when training dies (or is stopped by a second
+        SIGTERM/SIGINT) in a single process, to ``<log_dir>/checkpoints/exception.ckpt``, unless a
+        checkpoint of the same step exists already (``exception_save_plan``: one file per event). The
+        step that was running is lost: a resume continues at the next batch. Under several ranks nothing
+        is saved (saving is collective and the other ranks may be elsewhere)."""
+        path, what = self.exception_save_plan(trainer)
+        cause = getattr(exception, "signal_name", None) or type(exception).__name__
+        if not path:
+            if "holds global step" in what or "resumed from" in what:
+                _print(f"[r3lightning] health: training stopped by {cause} at global step {trainer.global_step}; {what}.")
+            return
         try:
             trainer.save_checkpoint(path)
         except Exception as err:  # never mask the original error
-            _print(f"[r3lightning] health: could not save {path} after {type(exception).__name__}: {err}")
+            _print(f"[r3lightning] health: could not save {path} after {cause}: {err}")
             return
         _print(
-            f"[r3lightning] health: training stopped by {type(exception).__name__} at global step {trainer.global_step}; "
+            f"[r3lightning] health: training stopped by {cause} at global step {trainer.global_step}; "
             f"the weights trained so far are saved in {path} (resume with --ckpt_path {path})."
         )
 
@@ -293,3 +325,15 @@ class HealthWatchdog(L.Callback):
 @rank_zero_only
 def _print(message: str) -> None:
     print(message, flush=True)
+
+
+def same_step_checkpoint(trainer: L.Trainer) -> str:
+    """A checkpoint file a ``ModelCheckpoint`` of this run (``StepCheckpoint`` included) saved at the
+    trainer's current global step and that still exists, or ""."""
+    for callback in getattr(trainer, "checkpoint_callbacks", []):
+        if getattr(callback, "_last_global_step_saved", None) != trainer.global_step or trainer.global_step == 0:
+            continue
+        for path in (getattr(callback, "last_model_path", ""), getattr(callback, "_last_checkpoint_saved", "")):
+            if path and os.path.isfile(path):
+                return str(path)
+    return ""

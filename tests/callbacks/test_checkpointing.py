@@ -149,21 +149,21 @@ def test_sigterm_mid_step_saves_the_step_boundary_and_resumes_to_the_uninterrupt
         torch.testing.assert_close(resumed[name], straight[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists(tmp_path, monkeypatch):
-    """Ctrl-C twice in the middle of step 3: the second stops at once; the run exits 130 (not Lightning's
-    1) and names the last.ckpt it saved at step 2, which exists."""
-    monkeypatch.setattr(sys, "argv", ["r3l"])
-    ready, seen = tmp_path / "ready", tmp_path / "seen"
+def two_signals_in_a_rollout(tmp_path, signum, *extra, hold="HoldInRollout"):
+    """An ``r3l fit`` subprocess held inside a decoding step of step 3's rollout (``HoldInRollout``; or
+    in its update: ``HoldMidStep``) receives ``signum`` twice. Returns the exit status, the output, the
+    checkpoint folder and how many forwards (decoding steps, training micro-batches) the run still made
+    after the second signal."""
+    ready, seen, after = tmp_path / "ready", tmp_path / "seen", tmp_path / "after"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [
         sys.executable, "-m", "r3lightning.cli.main", "fit", *TINY_FIT, "--trainer.max_steps", "6",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--trainer.callbacks+=r3lightning.callbacks.StepCheckpoint", "--trainer.callbacks.every_n_steps=2",
-        "--trainer.callbacks+=signal_helpers.HoldMidStep", f"--trainer.callbacks.ready_file={ready}",
-        f"--trainer.callbacks.seen_file={seen}",
+        "--data.sampling.max_new_tokens", "24", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *extra,
+        f"--trainer.callbacks+=signal_helpers.{hold}", f"--trainer.callbacks.ready_file={ready}", f"--trainer.callbacks.seen_file={seen}",
+        *([f"--trainer.callbacks.after_file={after}"] if hold == "HoldInRollout" else []),
     ]
-    # A suite started in the background (``cmd &``, nohup) hands its children SIGINT ignored, and the
-    # run's second Ctrl-C falls back to the handler it inherited: give the run the default, as a terminal does.
+    # A suite started in the background (``cmd &``, nohup) hands its children SIGINT ignored: give the
+    # run the default, as a terminal does.
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -173,15 +173,58 @@ def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists(tmp_path, m
             while not flag.exists() and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert flag.exists(), process.communicate(timeout=30)[0] if process.poll() is not None else f"no {flag.name} in time"
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signum)
         output, _ = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
-    last = tmp_path / "runs" / "r3l" / "version_0" / "checkpoints" / "last.ckpt"
-    assert process.returncode == 128 + signal.SIGINT, output
-    assert f"SIGINT again: stopping now (the step that was running is lost); resume from {last} (global step 2)" in output, output
+    forwards_after = len(after.read_text().split()) if after.exists() else 0
+    return process.returncode, output, tmp_path / "runs" / "r3l" / "version_0" / "checkpoints", forwards_after
+
+
+def test_a_second_sigterm_stops_inside_the_rollout_and_writes_the_one_checkpoint_it_names(tmp_path, monkeypatch):
+    """SIGTERM twice inside a decoding step of step 3, no checkpoint saved yet: the run stops before
+    another decoding step (not after the rest of the rollout and the update), exits 143, and writes one
+    file, exception.ckpt with step 2's weights, which the second signal's line names."""
+    monkeypatch.setattr(sys, "argv", ["r3l"])
+    returncode, output, checkpoints, forwards_after = two_signals_in_a_rollout(tmp_path, signal.SIGTERM)
+    exception = checkpoints / "exception.ckpt"
+    assert returncode == 128 + signal.SIGTERM, output
+    assert forwards_after == 0, output  # the step's 23 other decoding steps and its update never ran
+    assert f"SIGTERM again: stopping now, inside global step 3 (dropped); saving {exception} with the weights of global step 2" in output, output
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["exception.ckpt"], output
+    assert saved_step(exception) == 2
+
+
+def test_a_second_ctrl_c_exits_130_naming_the_checkpoint_that_exists_and_writes_no_copy(tmp_path, monkeypatch):
+    """Ctrl-C twice inside step 3's rollout after last.ckpt was saved at step 2: the second stops at once;
+    the run exits 130 (not Lightning's 1), names that last.ckpt and writes no exception.ckpt beside it
+    (the same weights twice: 1.6 GB more for a 135M model)."""
+    monkeypatch.setattr(sys, "argv", ["r3l"])
+    returncode, output, checkpoints, forwards_after = two_signals_in_a_rollout(
+        tmp_path, signal.SIGINT, "--trainer.callbacks+=r3lightning.callbacks.StepCheckpoint", "--trainer.callbacks.every_n_steps=2",
+    )
+    last = checkpoints / "last.ckpt"
+    assert returncode == 128 + signal.SIGINT, output
+    assert forwards_after == 0, output
+    assert f"SIGINT again: stopping now, inside global step 3 (dropped); writing nothing more: {last} holds global step 2" in output, output
+    assert f"--ckpt_path {last}" in output
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=2.ckpt"], output
     assert saved_step(last) == 2
+
+
+def test_a_second_sigterm_during_the_update_lets_the_step_end_and_saves_it_once(tmp_path, monkeypatch):
+    """SIGTERM twice while step 3 applies its update (inside the optimizer step): the update is not cut
+    (half-applied, it would damage the weights); the step ends, last.ckpt holds step 3, the line says so,
+    and no exception.ckpt copies it."""
+    monkeypatch.setattr(sys, "argv", ["r3l"])
+    returncode, output, checkpoints, _ = two_signals_in_a_rollout(tmp_path, signal.SIGTERM, hold="HoldMidStep")
+    last = checkpoints / "last.ckpt"
+    assert returncode == 128 + signal.SIGTERM, output
+    assert f"SIGTERM again: the step that is running has begun its update, which is not cut (it would damage the weights); stopping as soon as that step ends, saving {last}" in output, output
+    assert f"stopped by SIGTERM after global step 3 (a step boundary); saved {last}" in output, output
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=3.ckpt"], output
+    assert saved_step(last) == 3
 
 
 def test_partial_files_of_saves_that_never_finished_are_removed_at_the_next_start(tmp_path, capsys):

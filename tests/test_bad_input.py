@@ -9,8 +9,11 @@ damaged checkpoints, model directories and tokenizers (tests/test_bad_files.py).
 by theme: docs/reliability.md.
 """
 
+import dataclasses
 import json
+import re
 import sys
+import warnings
 from unittest import mock
 
 import pytest
@@ -222,6 +225,37 @@ def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
 def test_a_context_that_cannot_hold_a_prompt_and_an_answer_is_refused_at_setup():
     with pytest.raises(ValueError, match=r"data.agent.max_context_tokens \(5\) cannot hold task .*prompt \(\d+ tokens\).*at least \d+"):
         fit(MathSuite(**ARITHMETIC), agent=AgentLoopConfig(action_format="raw", max_context_tokens=5))
+
+
+class OneLongRowSuite(MathSuite):
+    """Arithmetic whose training task 0 (a row among the first the setup check samples, and drawn by the
+    first step) has a prompt of thousands of tokens: an outlier row, as a 10 MB row of a JSONL file is."""
+
+    def train_task(self, index):
+        task = super().train_task(index)
+        if index == 0:
+            return dataclasses.replace(task, task_id="jsonl:tasks.jsonl#row0", prompt=" ".join(str(i) for i in range(3000)))
+        return task
+
+
+def test_one_overlong_row_among_the_first_tasks_is_skipped_and_named_once_not_fatal(tmp_path):
+    """The same treatment wherever the row falls: among the tasks the setup check samples it no longer
+    refuses the run; it is warned about once, by task id (file and row), and the rollouts that draw it
+    skip it and count it in rollout/prompt_too_long_rate."""
+    agent = AgentLoopConfig(action_format="raw", max_context_tokens=256)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module, metrics = fit(OneLongRowSuite(**ARITHMETIC), steps=1, agent=agent, tmp_path=tmp_path)
+    named = [str(w.message) for w in caught if "jsonl:tasks.jsonl#row0" in str(w.message)]
+    assert len(named) == 1, named
+    assert re.fullmatch(
+        r"task 'jsonl:tasks.jsonl#row0': its first prompt \(\d+ tokens\) does not fit in data.agent.max_context_tokens "
+        r"\(256\); its episodes are skipped .*rollout/prompt_too_long_rate\). Drop or shorten that row, or raise "
+        r"data.agent.max_context_tokens", named[0],
+    ), named[0]
+    skipped = [t for t in module.last_trajectories if t.task_id == "jsonl:tasks.jsonl#row0"]
+    assert skipped and all(not t.turns and t.end_reason == "context_limit" for t in skipped)
+    assert 0 < metrics["rollout/prompt_too_long_rate"] < 1
 
 
 # The setup check samples the first tasks' first prompts; later tasks, later turns and what explorers add

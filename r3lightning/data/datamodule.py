@@ -257,6 +257,11 @@ class RolloutDataModule(L.LightningDataModule):
         (the first user message). The explorer's addition counts its generated parts (a past answer,
         a reflection, a critique) at their full generation budget, and a past attempt's feedback as the
         suite's longest (``longest_feedback``).
+
+        The context is refused when it is too small for the data: when more than half of the checked
+        tasks lack room for their prompt and an answer. An outlier row is not: a prompt that alone
+        exceeds the context is warned about by name (``AgentLoop.warn_prompt_too_long``, the same one
+        warning a row gets wherever the shuffle puts it) and skipped by every rollout that draws it.
         """
         loop = self.connected_loop
         limit = self.agent.max_context_tokens
@@ -264,7 +269,15 @@ class RolloutDataModule(L.LightningDataModule):
         if not tasks:
             return
         answer = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
-        prompt, longest = max(((len(loop.chat.first_prompt(t.prompt)), t) for t in tasks), key=lambda pair: pair[0])
+        sizes = [(len(loop.chat.first_prompt(t.prompt)), t) for t in tasks]
+        short = [(n, t) for n, t in sizes if n + answer > limit]
+        if 2 * len(short) <= len(sizes):  # outliers: skipped where they fall, warned by name
+            for n, t in short:
+                if n >= limit:
+                    loop.warn_prompt_too_long(t.task_id, n)
+            sizes = [(n, t) for n, t in sizes if n + answer <= limit]
+            tasks = [t for _, t in sizes]
+        prompt, longest = max(sizes, key=lambda pair: pair[0])
         if prompt + answer > limit:
             raise ValueError(
                 f"data.agent.max_context_tokens ({limit}) cannot hold task {longest.task_id!r}'s prompt ({prompt} tokens) "

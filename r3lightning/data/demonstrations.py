@@ -134,7 +134,14 @@ class Demonstrations:
                 f"{KEY}.source=suite: {type(self.suite).__name__} has no demonstration for task {missing[0]!r}; "
                 "give a JSONL file of demonstrations instead"
             )
-        demos = self.loop.play_actions([EpisodeRequest(task=t, origin="demo") for t in tasks], actions)
+        name = type(self.suite).__name__
+        demos = self.loop.play_actions(
+            [EpisodeRequest(task=t, origin="demo") for t in tasks], actions, source=f"data.suite {name}.demonstration",
+            fix=(
+                f"the warm-start ({KEY}.source=suite) trains whole episodes: make {name}.demonstration return every "
+                f"action up to the episode's end, or give {KEY}.source a JSONL file of demonstrations"
+            ),
+        )
         if self.config.reflections:
             n = self.config.reflection_tasks_per_step
             chosen = tasks[:n] if n > 0 else tasks

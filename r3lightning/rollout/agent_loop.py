@@ -180,6 +180,23 @@ class AgentLoop:
         self._first_prompts: dict[tuple[str, Optional[str]], list[int]] = {}
         # Task.history of the tasks played that have one, by task id: ``rerender`` renders their first prompt.
         self._histories: dict[str, list[dict]] = {}
+        self._too_long_warned: set[str] = set()  # tasks whose first prompt did not fit, warned once each
+
+    def warn_prompt_too_long(self, task_id: str, prompt_tokens: int) -> None:
+        """The one warning for a task (a data row: ``jsonl:file.jsonl#row3`` names the file and the
+        0-based row) whose first prompt does not fit in the context, wherever it falls: at the setup
+        check or the first rollout that draws it. Its episodes end before their first token, train
+        nothing and are counted in ``rollout/prompt_too_long_rate``."""
+        if task_id in self._too_long_warned:
+            return
+        self._too_long_warned.add(task_id)
+        warnings.warn(
+            f"task {task_id!r}: its first prompt ({prompt_tokens} tokens) does not fit in data.agent.max_context_tokens "
+            f"({self.config.max_context_tokens}); its episodes are skipped (they end before their first token, train "
+            "nothing and are counted in rollout/prompt_too_long_rate). Drop or shorten that row, or raise "
+            "data.agent.max_context_tokens",
+            stacklevel=2,
+        )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """The engine's completions of ``prompts``; every generation of a rollout (episode turns,
@@ -213,14 +230,15 @@ class AgentLoop:
         return self._play(requests, sample)
 
     def run_scripted(
-        self, requests: list[EpisodeRequest], responses: list[list[list[int]]], allow_unfinished: bool = False
+        self, requests: list[EpisodeRequest], responses: list[list[list[int]]], allow_unfinished: bool = False,
+        source: str = "the scripted responses", fix: str = "",
     ) -> list[Trajectory]:
         """Play fixed responses (token ids per turn, per request) instead of sampling.
 
         Demonstrations go through exactly the bookkeeping of sampled episodes; their log-probs are 0
         (they are trained by the SFT head, which ignores behaviour log-probs). An episode whose
-        responses run out before it ends is an error, unless ``allow_unfinished`` (then it ends with
-        ``end_reason="script_end"``).
+        responses run out before it ends is an error (``ScriptEndedEarly``, naming ``source``, the
+        task and ``fix``), unless ``allow_unfinished`` (then it ends with ``end_reason="script_end"``).
         """
         queues = [list(r) for r in responses]
 
@@ -229,8 +247,11 @@ class AgentLoop:
             for ep in episodes:
                 if not queues[ep.index]:
                     if not allow_unfinished:
-                        raise ValueError(
-                            f"task {ep.request.task.task_id!r}: scripted responses ran out before the episode ended"
+                        given = len(responses[ep.index])
+                        raise ScriptEndedEarly(
+                            f"{source} (task {ep.request.task.task_id!r}) ended before the episode did ({given} "
+                            f"action{'s' if given != 1 else ''} given, {len(ep.turns)} turn{'s' if len(ep.turns) != 1 else ''} played, up to "
+                            f"{self.suite.max_turns} allowed, and the environment had not said done)" + (f"; {fix}" if fix else "")
                         )
                     out.append(None)
                     continue
@@ -241,15 +262,17 @@ class AgentLoop:
         return self._play(requests, replay)
 
     def play_actions(
-        self, requests: list[EpisodeRequest], actions: list[list[str]], allow_unfinished: bool = False
+        self, requests: list[EpisodeRequest], actions: list[list[str]], allow_unfinished: bool = False,
+        source: str = "the scripted actions", fix: str = "",
     ) -> list[Trajectory]:
-        """Play fixed action strings (rendered in the loop's action format, ended by end-of-turn)."""
+        """Play fixed action strings (rendered in the loop's action format, ended by end-of-turn);
+        ``source`` and ``fix`` as in ``run_scripted``."""
         eos = self.tokenizer.eos_token_id
         responses = [
             [self.tokenizer(render_action(a, self.config), add_special_tokens=False)["input_ids"] + [eos] for a in acts]
             for acts in actions
         ]
-        return self.run_scripted(requests, responses, allow_unfinished)
+        return self.run_scripted(requests, responses, allow_unfinished, source, fix)
 
     def _play(self, requests: list[EpisodeRequest], respond: Callable[[list["_Episode"]], list[Optional[Generation]]]) -> list[Trajectory]:
         self._first_prompts.clear()
@@ -374,6 +397,8 @@ class AgentLoop:
             started = sum(len(t.response_ids) for t in self._response_prefix(ep))
             if ep.context_len + len(ep.pending_context) + started >= self.config.max_context_tokens:
                 ep.done, ep.end_reason = True, "context_limit"
+                if not ep.turns:  # the first prompt itself does not fit: the row is skipped
+                    self.warn_prompt_too_long(ep.request.task.task_id, len(ep.pending_context))
             else:
                 playable.append(ep)
         if not playable:
@@ -505,6 +530,11 @@ class AgentLoop:
             reward_invalid=ep.reward_invalid,
             reward_clipped=ep.reward_clipped,
         )
+
+
+class ScriptEndedEarly(ValueError):
+    """Scripted responses (a suite's demonstration, an expert continuation) ran out before the episode
+    ended; the message names where they came from, the task and what to change."""
 
 
 def reward_value(reward: object) -> Optional[float]:

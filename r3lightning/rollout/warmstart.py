@@ -112,7 +112,11 @@ def scripted_reflection_samples(
             retry_actions.append(continuation)
     if not retry_requests:
         return samples
-    retries = loop.play_actions(retry_requests, retry_actions)
+    name = type(suite).__name__
+    retries = loop.play_actions(
+        retry_requests, retry_actions, source=f"data.suite {name}.expert_continuation",
+        fix=f"scripted reflection retries play the expert to the episode's end: make {name}.expert_continuation return every action up to it",
+    )
     for request, traj in zip(retry_requests, retries):
         k = len(request.prefix)
         turns = [dataclasses.replace(t, trainable=False) for t in traj.turns[:k]] + list(traj.turns[k:])

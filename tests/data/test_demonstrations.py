@@ -119,3 +119,30 @@ def test_success_reflections_start_at_their_step_and_the_steps_before_are_those_
 def test_success_reflection_from_step_must_not_be_negative():
     with pytest.raises(ValueError, match="success_reflection_from_step"):
         DemoConfig(reflections=True, success_reflection_from_step=-1)
+
+
+def test_a_suite_demonstration_that_never_ends_its_episode_is_one_clear_error(world_suite, world_tokenizer):
+    """A demonstration whose actions run out before the environment says done (here: only the first of
+    the expert's actions) stops the warm-start naming the suite's method, the task and what to change,
+    not the agent loop's internal "scripted responses ran out"."""
+    from harness import tiny_loop
+
+    from r3lightning.data.demonstrations import Demonstrations
+    from r3lightning.rollout.explorers.reflection import Reflector
+
+    class ShortDemoSuite(type(world_suite)):
+        def demonstration(self, task):
+            return super().demonstration(task)[:1]
+
+    suite = ShortDemoSuite(difficulty=1, num_val_tasks=8, max_turns=4)
+    task = suite.train_task(0)
+    assert len(world_suite.demonstration(task)) > 1  # one action does not finish this task
+    demos = Demonstrations(DemoConfig(), suite, tiny_loop(suite, world_tokenizer), Reflector.with_builtin_templates(), world_tokenizer, 1)
+    with pytest.raises(ValueError) as caught:
+        demos.samples(0, [task], 0, 1, 0)
+    assert str(caught.value) == (
+        f"data.suite ShortDemoSuite.demonstration (task {task.task_id!r}) ended before the episode did (1 action given, "
+        "1 turn played, up to 4 allowed, and the environment had not said done); the warm-start "
+        "(model.phases.warmstart.demos.source=suite) trains whole episodes: make ShortDemoSuite.demonstration return "
+        "every action up to the episode's end, or give model.phases.warmstart.demos.source a JSONL file of demonstrations"
+    )

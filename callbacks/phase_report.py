@@ -54,6 +54,13 @@ RECORDED_FIGURES = (
     "rollout/in_context_plain_success_rate",
     "replay/injected",
     "rollout/invalid_action_rate",
+    # R³L's premise gates (issue 62): the policy gradient's variance, the policy's entropy on RL tokens
+    # (RL steps only: ``train/entropy`` also averages the warm-start's, whose sums a resumed run inherits)
+    "train/policy_grad_var",
+    "train/policy_grad_var_rel",
+    "train/policy_grad_chunks",
+    "train/entropy_rl",
+    "reward/success_rate",
 )
 """Also averaged over RL steps into ``phase_report.json`` (what a method spent, where its pivots fell)."""
 

@@ -21,6 +21,8 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from r3lightning.algos.premise import context_gain, paired_success_sums
+from r3lightning.callbacks.component_health import ComponentHealth, InertComponentError
 from r3lightning.callbacks.monitor import log_dir_of
 from r3lightning.rollout.chat import ChatFormatter
 from r3lightning.data.state_checks import expect_int, expect_number, expect_type
@@ -76,6 +78,18 @@ class ReflectiveToDirectDistillation(L.Callback):
             its data are the student's own direct rollouts (the seed's M_S^refl rollouts are not
             implemented). ``anchor``: the teacher is the policy at the switch in the student's own
             direct context (the pre-2026-12 behaviour): a KL anchor, zero at the first stage-2 step.
+            ``seed_literal`` needs a pretrained policy (``model.model.name_or_path`` or ``gguf_file``): a
+            tiny policy built at random has no M_S to restart from, and is refused at setup.
+        check_teacher_premise: when a teacher is installed (beta > 0), measure first whether it answers
+            better with a golden negative in its prompt than without one (the premise of distilling it,
+            docs/reflectrl.md, "The premise gate"): greedy success of the stage-1 policy on the
+            validation questions that have a GNT, with it in the prompt and without, paired per
+            question. Logged once at the switch as ``distill/premise_success_with_gnt``,
+            ``distill/premise_success_direct``, ``distill/premise_gain`` (with − direct),
+            ``distill/premise_gain_se`` and ``distill/premise_questions``, printed, and kept in the
+            report and checkpoints. A ``context_distillation`` teacher that is not better (gain <= 0)
+            is reported on the console, and under ``health.strict`` the run stops
+            (``InertComponentError``) before stage 2 trains.
     """
 
     def __init__(
@@ -86,6 +100,7 @@ class ReflectiveToDirectDistillation(L.Callback):
         evaluate_direct_at_switch: bool = True,
         teacher_storage: Literal["checkpoint", "file"] = "checkpoint",
         teacher: TeacherMode = "context_distillation",
+        check_teacher_premise: bool = True,
     ) -> None:
         if beta < 0:
             raise ValueError(f"ReflectiveToDirectDistillation: beta must be >= 0, got {beta}")
@@ -103,6 +118,8 @@ class ReflectiveToDirectDistillation(L.Callback):
         self.evaluate_direct_at_switch = evaluate_direct_at_switch
         self.teacher_storage = teacher_storage
         self.teacher = teacher
+        self.check_teacher_premise = check_teacher_premise
+        self.premise: Optional[dict[str, float]] = None
         self.phase = REFLECTIVE
         self._student_start: Optional[dict[str, torch.Tensor]] = None
         self.switched_at: Optional[int] = None
@@ -125,6 +142,13 @@ class ReflectiveToDirectDistillation(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._module = pl_module
+        model_config = getattr(pl_module, "model_config", None)
+        if self.teacher == "seed_literal" and model_config is not None and not model_config.pretrained:
+            raise ValueError(
+                "ReflectiveToDirectDistillation(teacher='seed_literal') restarts the student from the pretrained "
+                "model M_S, but model.model builds a tiny policy at random (no name_or_path or gguf_file): there "
+                "is no M_S to restart from; load a pretrained policy or use teacher context_distillation/anchor"
+            )
         self._resolved_switch = self.resolved_switch_step(pl_module)
         dm = trainer.datamodule
         suite = getattr(dm, "suite", None)
@@ -162,6 +186,8 @@ class ReflectiveToDirectDistillation(L.Callback):
             )
         self.phase, self.switched_at = DISTILL, step
         if self.beta > 0:
+            if self.check_teacher_premise:
+                self._check_premise(trainer, pl_module)
             self._install_teacher(trainer, pl_module, None)
             if self.teacher == "seed_literal":
                 self._restart_student(trainer, pl_module)
@@ -174,6 +200,53 @@ class ReflectiveToDirectDistillation(L.Callback):
             f"[r3lightning] ReflectRL: stage 2 from step {step}: direct prompts"
             + (f", teacher KL beta={self.beta} ({self.estimator}, {self.teacher})" if self.beta > 0 else ", no teacher (beta 0)")
         )
+
+    def _check_premise(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The premise gate (``check_teacher_premise``), run at the switch with the stage-1 policy, which is
+        the teacher: greedy success on the validation questions with a GNT, shown it and not."""
+        dm = trainer.datamodule
+        suite = dm.suite
+        tasks = [t for t in suite.val_tasks() if t.data.get("reflective_prompt")][trainer.global_rank :: trainer.world_size]
+        shown = suite.show_gnt_in_validation
+        training = pl_module.policy.training
+        pl_module.policy.eval()
+        try:
+            suite.show_gnt_in_validation = True
+            with_gnt = dm.evaluate(tasks, greedy=True)
+            suite.show_gnt_in_validation = False
+            direct = dm.evaluate(tasks, greedy=True)
+        finally:
+            suite.show_gnt_in_validation = shown
+            pl_module.policy.train(training)
+        sums = paired_success_sums(torch.tensor([float(t.success) for t in with_gnt], dtype=torch.float64),
+                                   torch.tensor([float(t.success) for t in direct], dtype=torch.float64))
+        if trainer.world_size > 1:
+            sums = trainer.strategy.reduce(sums.to(pl_module.device), reduce_op="sum").cpu()
+        figures = context_gain(sums)
+        self.premise = {"step": trainer.global_step, **figures}
+        if trainer.logger is not None and trainer.is_global_zero:
+            trainer.logger.log_metrics({
+                "distill/premise_success_with_gnt": figures["with"], "distill/premise_success_direct": figures["without"],
+                "distill/premise_gain": figures["gain"], "distill/premise_gain_se": figures["gain_se"],
+                "distill/premise_questions": figures["questions"],
+            }, step=trainer.global_step)
+        line = (
+            f"[r3lightning] ReflectRL premise: the teacher (stage-1 policy) answers {100 * figures['with']:.1f}% of "
+            f"{int(figures['questions'])} validation questions with a golden negative in its prompt and "
+            f"{100 * figures['without']:.1f}% without (gain {100 * figures['gain']:+.1f} ± {100 * figures['gain_se']:.1f} points, "
+            "standard error, greedy)"
+        )
+        if figures["questions"] == 0:
+            rank_zero_warn("[r3lightning] ReflectRL premise: not measured, no validation question has a golden negative "
+                           "(r3l gnt-pool --val_samples)")
+            return
+        if self.teacher != "context_distillation" or figures["gain"] > 0:
+            rank_zero_info(line)
+            return
+        line += ": not better, so the context-distillation teacher has no reflective skill to transfer"
+        if any(isinstance(cb, ComponentHealth) and cb.strict for cb in trainer.callbacks):
+            raise InertComponentError(f"health.strict: {line} (ReflectiveToDirectDistillation.check_teacher_premise)")
+        rank_zero_warn(line)
 
     def _install_teacher(self, trainer: L.Trainer, pl_module: L.LightningModule, weights: Optional[dict]) -> None:
         """Teacher = a frozen copy of the policy (with ``weights`` loaded when given) set on the module."""
@@ -286,7 +359,8 @@ class ReflectiveToDirectDistillation(L.Callback):
         os.makedirs(log_dir, exist_ok=True)
         with open(os.path.join(log_dir, "reflectrl_report.json"), "w") as handle:
             json.dump({"switch_step": self._resolved_switch, "switched_at": self.switched_at, "beta": self.beta,
-                       "estimator": self.estimator, "teacher": self.teacher, "records": self.records}, handle, indent=2)
+                       "estimator": self.estimator, "teacher": self.teacher, "premise": self.premise,
+                       "records": self.records}, handle, indent=2)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -307,6 +381,7 @@ class ReflectiveToDirectDistillation(L.Callback):
             "teacher_path": self.teacher_path,
             "student_start": self._student_start,
             "records": self.records,
+            "premise": self.premise,
         }
 
     @staticmethod
@@ -323,6 +398,7 @@ class ReflectiveToDirectDistillation(L.Callback):
         expect_int(state.get("switched_at"), "switched_at", none=True)
         expect_type(state.get("teacher_path"), (str, type(None)), "teacher_path")
         expect_type(state.get("records", []), list, "records")
+        expect_type(state.get("premise"), (dict, type(None)), "premise")
         teacher = state.get("teacher")
         expect_type(teacher, (dict, type(None)), "teacher")
         for name, tensor in (teacher or {}).items():
@@ -333,6 +409,7 @@ class ReflectiveToDirectDistillation(L.Callback):
         self.switched_at = state_dict.get("switched_at")
         self.teacher_path = state_dict.get("teacher_path")
         self.records = list(state_dict.get("records", []))
+        self.premise = state_dict.get("premise")
         if self.teacher == "seed_literal" and self.phase == REFLECTIVE and state_dict.get("student_start") is not None:
             self._student_start = state_dict["student_start"]
         # Checkpoints made before the ``teacher`` knob had the anchor teacher.

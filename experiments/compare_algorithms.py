@@ -136,6 +136,8 @@ LAST_STEPS_FIGURES = (
     # premise gates (issue 62): does the ranking order failures by closeness to success; does a past
     # attempt in context help against the plain samples of the same tasks
     "activity/ranking_credit_corr", "rollout/in_context_success_rate", "rollout/in_context_plain_success_rate",
+    # R³L's: the policy gradient's variance across micro-batches, the policy's entropy on its RL tokens
+    "train/policy_grad_var_rel", "train/entropy_rl",
 )
 
 

@@ -15,11 +15,17 @@ experiments/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once pe
 Stage 2 (``ARMS``: stage 1, teacher-KL weight beta, the callback's ``teacher``): ``reflectrl`` (beta
 0.05, the context-distillation teacher: the stage-1 policy with a GNT of the question in its context);
 ``reflectrl_beta{0,0.01,0.2}`` (the beta sweep); ``reflectrl_anchor`` (the old teacher: the stage-1
-policy in the student's direct context); ``reflectrl_seed_literal`` (the seed's pipeline: the
-student restarts from its weights before stage 1, M_S, and the stage-1 policy M_S^refl is its teacher
-in the direct context, so student != teacher at the switch); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
+policy in the student's direct context); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
 teacher); ``gtplus_anchor`` (GT+ only with the same KL weight, anchored to its own stage-1 policy);
-``gtplus_equal_steps`` (no teacher).
+``gtplus_equal_steps`` (no teacher); ``reflectrl_solution`` (``reflectrl`` with the format-matched
+reflective target, ``r3l reflect-sft --target solution``: the corrected answer in the direct answers'
+format, so the teacher's KL carries content, not the critique format). No ``seed_literal`` arm: that teacher restarts the student from the
+pretrained M_S, and this recipe's student is a tiny policy built at random (the callback refuses it).
+
+Before stage 2 trains, the callback measures its premise (``check_teacher_premise``): the stage-1
+policy's greedy success on the validation questions with their GNT in the prompt and without. Under
+the arms' strict health a context-distillation arm whose teacher is not better is refused, the figures
+in the refusal; otherwise they are recorded as ``teacher_premise``.
 
 Recorded per run: validation success after stage 1 (reflective with the GNT in context, and direct:
 the teacher's own figures, since the teacher is the stage-1 policy) and after stage 2 (the student,
@@ -53,9 +59,10 @@ from experiments.schedule import Job, available_cores, run_jobs
 
 STUDENT_YAML = ROOT / "configs" / "examples" / "reflectrl_arithmetic_cpu.yaml"
 OBJECTIVES = {"grpo": [], "rloo": ["--config", str(ROOT / "configs" / "algorithms" / "rloo.yaml")]}
-SFT_FILES = {"reflectrl": ["--critic", "resolve"], "reflectrl_oracle": ["--critic", "oracle"], "gtplus": ["--no_reflective"]}
+SFT_FILES = {"reflectrl": ["--critic", "resolve"], "reflectrl_oracle": ["--critic", "oracle"], "gtplus": ["--no_reflective"],
+             "reflectrl_solution": ["--critic", "resolve", "--target", "solution"]}
 STAGE_ONE = {"reflectrl": "reflectrl", "reflectrl_oracle": "reflectrl_oracle", "gtplus": "gtplus", "reflectrl_equal": "reflectrl",
-             "gtplus_equal_steps": "gtplus"}
+             "gtplus_equal_steps": "gtplus", "reflectrl_solution": "reflectrl_solution"}
 """Stage-1 pipeline -> the SFT file it trains on."""
 ARMS = {
     "reflectrl": ("reflectrl", 0.05, "context_distillation"),
@@ -63,9 +70,9 @@ ARMS = {
     "reflectrl_beta0.01": ("reflectrl", 0.01, "context_distillation"),
     "reflectrl_beta0.2": ("reflectrl", 0.2, "context_distillation"),
     "reflectrl_anchor": ("reflectrl", 0.05, "anchor"),
-    "reflectrl_seed_literal": ("reflectrl", 0.05, "seed_literal"),
     "reflectrl_oracle": ("reflectrl_oracle", 0.05, "context_distillation"),
     "reflectrl_equal": ("reflectrl_equal", 0.05, "context_distillation"),
+    "reflectrl_solution": ("reflectrl_solution", 0.05, "context_distillation"),
     "gtplus": ("gtplus", 0.0, "anchor"),
     "gtplus_anchor": ("gtplus", 0.05, "anchor"),
     "gtplus_equal_steps": ("gtplus_equal_steps", 0.0, "anchor"),
@@ -195,6 +202,7 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
         "kl_teacher_mean": statistics.mean(kl) if kl else None,
         "teacher_context_rate_mean": statistics.mean(context) if context else None,
         "switch_step": distill.switched_at,
+        "teacher_premise": distill.premise,
         "teacher_trace": trace.steps,
         "records": distill.records,
         "wall_s": time.perf_counter() - start,
@@ -258,9 +266,8 @@ def main() -> None:
             steps = sft_warmup_steps(pipeline, summaries[seed], base_steps, interval)
             name = f"{pipeline}_seed{seed}"
             path = work / f"{name}.yaml"
-            # Stage 1 keeps the student's first weights in its checkpoint (teacher seed_literal, beta 0: no
-            # teacher in stage 1, nothing else changes), so that the seed-literal arm can restart from them.
-            config = student_config(args, sft[STAGE_ONE[pipeline]], logs, name, steps, 0.0, "seed_literal")
+            # Stage 1 has no teacher (beta 0); each arm's stage 2 sets its own.
+            config = student_config(args, sft[STAGE_ONE[pipeline]], logs, name, steps, 0.0, "context_distillation")
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             configs[pipeline, seed] = (str(path), steps)
             checkpoints[pipeline, seed] = str(work / f"{name}_stage1.ckpt")

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from r3lightning.algos.objective import AlgorithmConfig
+from r3lightning.algos.premise import gradient_variance
 from r3lightning.training.checkpoint_state import allow_in_checkpoints, check_loadable, r3lightning_section
 from r3lightning.training.checkpoint_state import check_checkpoint_state
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
@@ -81,6 +82,11 @@ class R3LightningModule(L.LightningModule):
         engine: rollout engine.
         log_entropy: compute the policy entropy on loss tokens every step (costs one softmax pass).
         max_bad_steps: stop after this many consecutive steps with non-finite loss or gradients.
+        log_grad_variance: log the variance of the policy loss's gradient across the step's micro-batches
+            (``train/policy_grad_var``, ``train/policy_grad_var_rel``, ``train/policy_grad_chunks``:
+            ``r3lightning.algos.premise.gradient_variance``), the premise of R³L's pivotal credit. Costs
+            one more backward of the policy loss per micro-batch and a copy of the gradient; needs two
+            or more micro-batches with RL tokens (``optim.micro_batch_size``); not under FSDP (0 chunks).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class R3LightningModule(L.LightningModule):
         engine: EngineConfig = EngineConfig(),
         log_entropy: bool = True,
         max_bad_steps: int = 5,
+        log_grad_variance: bool = False,
     ) -> None:
         super().__init__()
         allow_in_checkpoints(model, algorithm, optim, phases, engine)
@@ -103,6 +110,7 @@ class R3LightningModule(L.LightningModule):
         self.engine_config = engine
         self.log_entropy = log_entropy
         self.max_bad_steps = max_bad_steps
+        self.log_grad_variance = log_grad_variance
         self.automatic_optimization = False
         self.policy: Optional[torch.nn.Module] = None
         self.reference: Optional[torch.nn.Module] = None
@@ -322,9 +330,12 @@ class R3LightningModule(L.LightningModule):
         for _ in range(max(cfg.update_epochs, 1)):
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
+            gradients = PolicyGradientChunks() if self.log_grad_variance and not isinstance(self.trainer.strategy, FSDPStrategy) else None
             for rows in micro_batches:
                 micro = experience.take(rows).to(self.device)
                 losses = self.micro_batch_loss(micro, totals)
+                if gradients is not None and "loss_rl" in losses and losses["loss_rl"].requires_grad and micro.loss_mask[:, 1:].any():
+                    gradients.add(losses["loss_rl"], self.policy)
                 self.manual_backward(losses["loss"] * scale)
                 for name, value in losses.items():
                     value = float(value.detach())
@@ -332,6 +343,8 @@ class R3LightningModule(L.LightningModule):
             if self._sums_gradients_itself() and self.trainer.world_size > 1:
                 sum_gradients_over_ranks([p for p in self.policy.parameters() if p.requires_grad])
             stats = self._finish_update(optimizer, sums)
+            if self.log_grad_variance:
+                stats.update(gradients.figures() if gradients is not None else {"train/policy_grad_chunks": 0.0})
         stats["perf/train_forward_token_frac"] = self.prefix_forward.token_fraction()
         stats["perf/train_prefix_sharing_off"] = float(self.prefix_forward.sharing_off)
         return stats
@@ -494,3 +507,28 @@ class R3LightningModule(L.LightningModule):
 
 # ``R3LightningModule.load_from_checkpoint`` loads before any instance exists: allow the default configs' types.
 allow_in_checkpoints(*(p.default for p in inspect.signature(R3LightningModule.__init__).parameters.values()))
+
+
+class PolicyGradientChunks:
+    """The policy loss's gradient per micro-batch, kept as ‖g_m‖² and the running sum Σ g_m (one copy of
+    the trainable parameters), for ``gradient_variance`` (``R3LightningModule.log_grad_variance``)."""
+
+    def __init__(self) -> None:
+        self.sq_norms: list[float] = []
+        self.total: Optional[list[torch.Tensor]] = None
+
+    def add(self, loss_rl: torch.Tensor, policy: torch.nn.Module) -> None:
+        params = [p for p in policy.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss_rl, params, retain_graph=True, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
+        self.sq_norms.append(sum(float(g.double().pow(2).sum()) for g in grads))
+        self.total = [g.clone() for g in grads] if self.total is None else [t.add_(g) for t, g in zip(self.total, grads)]
+
+    def figures(self) -> dict[str, float]:
+        figures = {"train/policy_grad_chunks": float(len(self.sq_norms))}
+        if len(self.sq_norms) >= 2:
+            total_sq = sum(float(t.double().pow(2).sum()) for t in self.total)
+            variance, relative = gradient_variance(torch.tensor(self.sq_norms, dtype=torch.float64), total_sq)
+            figures["train/policy_grad_var"] = variance
+            figures["train/policy_grad_var_rel"] = relative
+        return figures

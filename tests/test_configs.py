@@ -546,7 +546,8 @@ def test_reflectrl_comparison_arms_name_real_stage_ones_and_teachers():
     for arm, (pipeline, beta, teacher) in compare.ARMS.items():
         assert compare.STAGE_ONE[pipeline] in compare.SFT_FILES, arm
         assert teacher in get_args(TeacherMode) and beta >= 0, arm
-    assert compare.ARMS["reflectrl_seed_literal"] == ("reflectrl", 0.05, "seed_literal")
+    # The CPU recipe's student is built at random: no M_S for a seed_literal arm (the callback refuses it).
+    assert all(teacher != "seed_literal" for _, _, teacher in compare.ARMS.values())
 
 
 def test_reflectrl_comparison_config_parses_with_its_trace_callback(tmp_path):

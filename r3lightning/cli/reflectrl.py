@@ -23,6 +23,7 @@ from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, direct_su
 from r3lightning.data.reflectrl.reflective_sft import (
     build_sft_rows,
     model_critiques,
+    REFLECTIVE_TARGETS,
     resolved_critiques,
     scripted_critiques,
     suite_verifier,
@@ -189,9 +190,17 @@ def reflect_sft_main(argv: list[str]) -> dict[str, Any]:
     )
     parser.add_argument("--critic_model", default=None, help="critic checkpoint or model directory (default: the pool's expert)")
     parser.add_argument("--critic_samples", type=COUNT, default=4, help="critiques sampled per GNT (model and resolve critics); the first that verifies is kept")
+    parser.add_argument(
+        "--target", choices=REFLECTIVE_TARGETS, default="critique",
+        help="a reflective row's target: critique (Wrong step / Correction / boxed answer) or solution (the corrected "
+        "answer in the direct answers' format, so the context-distillation teacher's KL carries content, not format; "
+        "resolve and oracle critics)",
+    )
     parser.add_argument("--no_reflective", action="store_true", help="GT+ rows only (the 'GT+ only' baseline's SFT data)")
     parser.add_argument("--no_gt_plus", action="store_true", help="reflective rows only")
     args = parser.parse_args(argv)
+    if args.target == "solution" and args.critic == "model" and not args.no_reflective:
+        raise ValueError("--target solution: the model critic writes its own format; use --critic resolve or oracle")
     data = recipe_sections(args.config)
     configured = build_suite(data["suite"])
     suite = direct_suite(configured)
@@ -207,16 +216,16 @@ def reflect_sft_main(argv: list[str]) -> dict[str, Any]:
     critic_name = ""
     if not args.no_reflective:
         if args.critic == "oracle":
-            critic = scripted_critic(suite)
+            critic = scripted_critic(suite, args.target)
             if critic is None:
-                raise ValueError(f"--critic oracle: {type(suite).__name__} has no scripted critic; use --critic model")
+                raise ValueError(f"--critic oracle: {type(suite).__name__} has no scripted critic for --target {args.target}; use --critic model")
             critiques, critic_name = scripted_critiques(gnt, critic), "oracle"
         else:
             critic_name = args.critic_model or _pool_expert(pool, args.pool)
             loop = _loop(suite, critic_name, args.engine, _agent(data), args.batch_size)
             torch.manual_seed(args.seed)
             if args.critic == "resolve":
-                critiques = resolved_critiques(loop, gnt, args.critic_samples, _sampling(data, args))
+                critiques = resolved_critiques(loop, gnt, args.critic_samples, _sampling(data, args), args.target)
                 critic_name = f"resolve:{critic_name}"
             else:
                 critiques = model_critiques(loop, gnt, template, args.critic_samples, _sampling(data, args))

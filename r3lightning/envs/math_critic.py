@@ -53,16 +53,25 @@ class Critique:
         written steps, the whole expression set equal to the answer).
     correction: the correct derivation from there, steps separated by ``; ``.
     answer: the correct final answer.
+    derivation: the whole correct derivation, one step's text per item (``7+3=10``, ``10-2=8``).
     """
 
     wrong_step: str
     correction: str
     answer: str
+    derivation: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         """The assistant message reflective SFT trains on: wrong step, correction, boxed answer."""
         return f"Wrong step: {self.wrong_step}\nCorrection: {self.correction}\n\\boxed{{{self.answer}}}"
+
+    @property
+    def solution(self) -> str:
+        """The corrected answer in the direct answers' format (a step per line, then the boxed answer, as
+        ``MathSuite.demonstration`` writes it with ``demo_style: solution``): ReflectRL's format-matched
+        reflective target (``r3l reflect-sft --target solution``)."""
+        return "\n".join([*self.derivation, f"\\boxed{{{self.answer}}}"])
 
 
 def format_number(value: Fraction) -> str:
@@ -197,4 +206,4 @@ def scripted_critique(task: Task, wrong_response: str) -> Optional[Critique]:
         compact = "".join(expression.split())
         wrong = f"{compact}={predicted}" if predicted is not None else "no final answer"
     correction = "; ".join(step.text for step in steps[start:])
-    return Critique(wrong_step=wrong, correction=correction, answer=answer)
+    return Critique(wrong_step=wrong, correction=correction, answer=answer, derivation=tuple(step.text for step in steps))

@@ -261,8 +261,10 @@ class ReflectiveSuite(TaskSuite):
         return [text] if text else None
 
 
-def scripted_critic(suite: TaskSuite) -> Optional[Callable[[Task, str], Optional[str]]]:
-    """``(task, wrong response) -> critique text or None`` for ``suite``, or None when it has no critic."""
+def scripted_critic(suite: TaskSuite, target: Literal["critique", "solution"] = "critique") -> Optional[Callable[[Task, str], Optional[str]]]:
+    """``(task, wrong response) -> reflective target text or None`` for ``suite``, or None when it has no
+    critic for ``target``: ``critique`` (wrong step, correction, boxed answer) or ``solution`` (the
+    corrected answer in the direct answers' format; math suites only)."""
     from r3lightning.envs.math_env import MathSuite
 
     if isinstance(suite, MathSuite):
@@ -270,8 +272,12 @@ def scripted_critic(suite: TaskSuite) -> Optional[Callable[[Task, str], Optional
 
         def math_critic(task: Task, response: str) -> Optional[str]:
             critique = scripted_critique(task, response)
-            return critique.text if critique is not None else None
+            if critique is None:
+                return None
+            return critique.solution if target == "solution" else critique.text
 
         return math_critic
+    if target == "solution":
+        return None
     own = getattr(suite, "scripted_critique", None)
     return own if callable(own) else None

@@ -127,7 +127,8 @@ def loss_diagnostics(
     the tokens that have one (``ratio_*``, ``clip_count``), log π_θ - log π_behaviour per origin
     (``logratio_*``), the KL to the reference and to the teacher (with the rows the teacher scored under a
     context of its own, ``teacher_context_rows``) and, with ``log_entropy``, the policy's entropy at the
-    sampling temperature on every RL and SFT token."""
+    sampling temperature on every RL and SFT token (``entropy_*``) and on the RL tokens alone
+    (``entropy_rl_*``: the policy's entropy on its own rollouts, without the SFT rows)."""
     mask = micro.loss_mask[:, 1 + start :]
     zero = logp.sum() * 0.0
     out: dict[str, torch.Tensor] = {}
@@ -160,6 +161,8 @@ def loss_diagnostics(
         scored = torch.maximum(mask, micro.sft_mask[:, 1 + start :])
         out["entropy_sum"] = (entropy * scored).sum()
         out["entropy_count"] = scored.sum()
+        out["entropy_rl_sum"] = (entropy * mask).sum()
+        out["entropy_rl_count"] = mask.sum()
     return out
 
 
@@ -172,6 +175,8 @@ def update_statistics(sums: dict[str, float], rl_tokens: float) -> dict[str, flo
             stats[f"train/{name}"] = sums[name]
     if "entropy_count" in sums:
         stats["train/entropy"] = sums["entropy_sum"] / max(sums["entropy_count"], 1.0)
+    if sums.get("entropy_rl_count", 0.0) > 0:
+        stats["train/entropy_rl"] = sums["entropy_rl_sum"] / sums["entropy_rl_count"]
     if "kl_ref_sum" in sums:
         stats["train/kl_ref"] = sums["kl_ref_sum"] / max(rl_tokens, 1.0)
     if "kl_teacher_sum" in sums:

@@ -18,11 +18,13 @@ from harness import module_and_data, quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from r3lightning.algos.objective import AlgorithmConfig
-from r3lightning.callbacks import ReflectiveToDirectDistillation
+from r3lightning.callbacks import ComponentHealth, InertComponentError, ReflectiveToDirectDistillation
 from r3lightning.data.demonstrations import DemoConfig
 from r3lightning.data.reflectrl.gnt_pool import PoolStats, build_pool, write_jsonl
 from r3lightning.data.reflectrl.reflective_sft import build_sft_rows, scripted_critiques, suite_verifier, training_gnt_rows
 from r3lightning.envs.reflective import ReflectiveSuite
+from r3lightning.training.models import ModelConfig
+from scripted_engine import UseEngine
 
 
 def digit_rows(suite):
@@ -54,6 +56,25 @@ def make(files, sft_steps=2, algorithm=None, seed=3, direct_tasks="pool"):
         algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"),
     )
     module.phases.warmstart.demos = DemoConfig(source=files.sft, tasks_per_step=4)
+    return module, dm
+
+
+@pytest.fixture(scope="module")
+def pretrained(files, tmp_path_factory):
+    """A Hugging Face model directory holding a tiny policy after one SFT step: loaded from it, the
+    policy counts as pretrained (``ModelConfig.pretrained``), which ``seed_literal`` needs."""
+    module, dm = make(files, sft_steps=2)
+    fit(module, dm, 1, [])
+    directory = tmp_path_factory.mktemp("pretrained")
+    module.policy.save_pretrained(directory)
+    module.tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def make_pretrained(files, directory, **kwargs):
+    """``make``, with the policy loaded from the model directory ``directory``."""
+    module, dm = make(files, **kwargs)
+    module.model_config = ModelConfig(name_or_path=directory)
     return module, dm
 
 
@@ -176,8 +197,15 @@ def test_the_default_teacher_sees_the_gnt_so_its_kl_is_not_zero_at_the_switch(fi
     assert probe.steps[1]["context_rate"] == 1.0 and probe.steps[1]["kl"] > 1e-4
 
 
-def test_seed_literal_restarts_the_student_from_its_first_weights(files):
-    module, dm = make(files, sft_steps=2)
+def test_seed_literal_is_refused_for_a_policy_built_at_random(files):
+    """M_S is the pretrained student; a tiny policy built at random has none to restart from."""
+    module, dm = make(files, sft_steps=1)
+    with pytest.raises(ValueError, match="seed_literal.*no M_S to restart from"):
+        fit(module, dm, 2, [ReflectiveToDirectDistillation(beta=0.5, teacher="seed_literal")])
+
+
+def test_seed_literal_restarts_the_student_from_its_first_weights(files, pretrained):
+    module, dm = make_pretrained(files, pretrained, sft_steps=2)
     probe = Probe()
     fit(module, dm, 4, [ReflectiveToDirectDistillation(beta=0.5, teacher="seed_literal"), probe])
     [(step, teacher_at_switch, policy_at_switch)] = probe.teachers.values()
@@ -279,11 +307,11 @@ def test_a_stage_one_checkpoint_starts_stage_two_with_the_configured_beta(files,
             default_root_dir=str(tmp_path))
 
 
-def test_a_seed_literal_stage_one_without_teacher_starts_a_seed_literal_stage_two(files, tmp_path):
+def test_a_seed_literal_stage_one_without_teacher_starts_a_seed_literal_stage_two(files, pretrained, tmp_path):
     """experiments/compare_reflectrl.py's flow: stage 1 with teacher seed_literal and beta 0 (no teacher,
     nothing else changes) keeps the student's first weights in its checkpoint; an arm resumed from it
     with beta > 0 restarts the student from them at the switch, the stage-1 policy as its teacher."""
-    module, dm = make(files, sft_steps=1)
+    module, dm = make_pretrained(files, pretrained, sft_steps=1)
     probe = Probe()
     trainer = fit(module, dm, 1, [ReflectiveToDirectDistillation(beta=0.0, teacher="seed_literal"), probe],
                   default_root_dir=str(tmp_path))
@@ -291,7 +319,7 @@ def test_a_seed_literal_stage_one_without_teacher_starts_a_seed_literal_stage_tw
     trainer.save_checkpoint(checkpoint)
     stage_one = weights(module.policy)
     assert any(not torch.equal(stage_one[k], v) for k, v in probe.start.items())
-    resumed_module, resumed_dm = make(files, sft_steps=1)
+    resumed_module, resumed_dm = make_pretrained(files, pretrained, sft_steps=1)
     resumed_probe = Probe()
     fit(resumed_module, resumed_dm, 2, [ReflectiveToDirectDistillation(beta=0.5, teacher="seed_literal"), resumed_probe],
         ckpt_path=checkpoint, default_root_dir=str(tmp_path))
@@ -301,3 +329,37 @@ def test_a_seed_literal_stage_one_without_teacher_starts_a_seed_literal_stage_tw
         assert torch.equal(value, stage_one[name]), name
     for name, value in policy_at_switch.items():
         assert torch.equal(value, probe.start[name]), name
+
+
+# ---- the premise gate: is the teacher better with a golden negative in its prompt? ------------------
+def gnt_hurts(suite):
+    """A scripted policy that answers a digit (right, for DigitSuite) unless its prompt shows a GNT."""
+    return lambda text: "none" if "A previous answer, which is wrong" in text else "7"
+
+
+def gnt_helps(suite):
+    return lambda text: "7" if "A previous answer, which is wrong" in text else "none"
+
+
+def test_premise_gate_measures_the_teacher_with_and_without_the_gnt_and_strict_health_refuses_a_worse_one(files, tmp_path):
+    module, dm = make(files, sft_steps=1)
+    callback = ReflectiveToDirectDistillation(beta=0.5)
+    with pytest.raises(InertComponentError, match="premise.*0.0% of 1 validation questions with a golden negative.*100.0% without.*not better"):
+        fit(module, dm, 2, [callback, UseEngine(gnt_hurts), ComponentHealth(strict=True, update_kl_max=None)], default_root_dir=str(tmp_path))
+    assert module.teacher is None  # refused before stage 2 trained
+    assert callback.premise["with"] == 0.0 and callback.premise["without"] == 1.0 and callback.premise["gain"] == -1.0
+    # Without strict health the run goes on, warned, with the figures kept for the report.
+    module, dm = make(files, sft_steps=1)
+    callback = ReflectiveToDirectDistillation(beta=0.5)
+    with pytest.warns(UserWarning, match="not better"):
+        fit(module, dm, 2, [callback, UseEngine(gnt_hurts), ComponentHealth(strict=False, update_kl_max=None)], default_root_dir=str(tmp_path))
+    assert module.teacher is not None and callback.premise["questions"] == 1.0 and callback.premise["step"] == 1
+    assert callback.state_dict()["premise"] == callback.premise
+
+
+def test_premise_gate_lets_a_better_teacher_through_under_strict_health(files, tmp_path):
+    module, dm = make(files, sft_steps=1)
+    callback = ReflectiveToDirectDistillation(beta=0.5)
+    fit(module, dm, 2, [callback, UseEngine(gnt_helps), ComponentHealth(strict=True, update_kl_max=None)], default_root_dir=str(tmp_path))
+    assert module.teacher is not None
+    assert (callback.premise["with"], callback.premise["without"], callback.premise["gain"]) == (1.0, 0.0, 1.0)

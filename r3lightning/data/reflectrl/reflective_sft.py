@@ -147,16 +147,36 @@ def resolve_critique(wrong_response: str, solution: str) -> Optional[str]:
     return f"Wrong step: {wrong_step}\nCorrection: {correction}\n\\boxed{{{answer}}}"
 
 
-def resolved_critiques(loop: AgentLoop, rows: list[dict[str, Any]], samples: int, params: SamplingParams) -> list[list[str]]:
-    """``samples`` candidate critiques per GNT row from the model behind ``loop``: it answers the row's
-    *direct* question (no GNT, no reference answer), and each answer becomes ``resolve_critique(GNT,
-    answer)``. The non-oracle critic for a model that cannot follow the reflective prompt (a tiny
-    expert never trained on it writes no verified critique from it)."""
+REFLECTIVE_TARGETS = ("critique", "solution")
+"""What a reflective row's target is: ``critique`` (``Wrong step: ... / Correction: ... / \\boxed{}``) or
+``solution`` (the corrected answer in the direct answers' format, so that the context-distillation
+teacher, asked under the reflective prompt, writes what the direct student writes: its KL then carries
+content, not format; docs/reflectrl.md, "The reflective target")."""
+
+
+def resolve_candidate(wrong_response: str, solution: str, target: str = "critique") -> Optional[str]:
+    """The reflective target that the re-solved answer ``solution`` (str) makes for the GNT
+    ``wrong_response`` (str): ``resolve_critique`` for ``critique``; for ``solution``, the answer itself,
+    stripped (it is a direct answer to the same question). None when ``solution`` has no final answer."""
+    if target not in REFLECTIVE_TARGETS:
+        raise ValueError(f"reflective target must be one of {REFLECTIVE_TARGETS}, got {target!r}")
+    if target == "solution":
+        return solution.strip() if extract_answer(solution) is not None else None
+    return resolve_critique(wrong_response, solution)
+
+
+def resolved_critiques(
+    loop: AgentLoop, rows: list[dict[str, Any]], samples: int, params: SamplingParams, target: str = "critique"
+) -> list[list[str]]:
+    """``samples`` candidate reflective targets per GNT row from the model behind ``loop``: it answers the
+    row's *direct* question (no GNT, no reference answer), and each answer becomes
+    ``resolve_candidate(GNT, answer, target)``. The non-oracle critic for a model that cannot follow the
+    reflective prompt (a tiny expert never trained on it writes no verified critique from it)."""
     trajectories = loop.run([EpisodeRequest(task=pool_task(row)) for row in rows for _ in range(samples)], params)
     texts = [loop.tokenizer.decode([tok for turn in t.turns for tok in turn.response_ids], skip_special_tokens=True) for t in trajectories]
     out = []
     for i, row in enumerate(rows):
-        critiques = (resolve_critique(row["response"], text) for text in texts[i * samples : (i + 1) * samples])
+        critiques = (resolve_candidate(row["response"], text, target) for text in texts[i * samples : (i + 1) * samples])
         out.append([c for c in critiques if c])
     return out
 

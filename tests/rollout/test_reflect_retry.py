@@ -525,3 +525,43 @@ def test_success_label_agreement_on_hand_built_episodes(world_suite):
     figures = success_label_agreement(world_suite, [task] * len(cases), [t for t, _ in cases], [p for _, p in cases])
     assert figures == {"rollout/clean_success_share": 2 / 4, "rollout/success_label_accuracy": 2 / 3}
     assert success_label_agreement(world_suite, [task], [episode(["look"], success=False)], [said("failure")]) == {}
+
+
+# ---- free-text reflections (reflection_format: text) ------------------------------------------------
+def _played(turns: int, success: bool):
+    from r3lightning.types import Trajectory, Turn
+
+    return Trajectory("t", turns=[Turn(context_ids=[], response_ids=[1]) for _ in range(turns)], reward=float(success), success=success)
+
+
+def test_text_reflection_takes_the_first_step_it_names_within_range():
+    from r3lightning.rollout.explorers.reflection import parse_text_reflection
+
+    reflection, reason = parse_text_reflection("  Step 7 is odd; step 2 went wrong, redo step 1.  ", _played(3, False))
+    # "Step 7" is beyond the 3 steps (0-2): the first named step in range is 2.
+    assert reason == "" and reflection.retry_from_step == 2
+    assert reflection.improvement_suggestion == reflection.root_cause_analysis == "Step 7 is odd; step 2 went wrong, redo step 1."
+    assert reflection.trajectory_outcome == "failure" and not reflection.judged
+    assert parse_text_reflection("Add the ones first.", _played(3, False))[0].retry_from_step == 0
+    assert parse_text_reflection("fine", _played(1, True))[0].trajectory_outcome == "success"
+    assert parse_text_reflection(" \n ", _played(2, False)) == (None, "empty")
+
+
+def test_text_reflections_drive_retries_and_train_no_success_judgment(world_suite, world_tokenizer):
+    class TextReflections(ScriptedReflectionEngine):
+        def reply(self, text):
+            if "say what went wrong" in text:
+                return "Retry from step 1 and TEXT-MARKER."
+            return "<action>look</action>"
+
+    engine = TextReflections(world_tokenizer, "")
+    loop = AgentLoop(world_suite, engine, world_tokenizer)
+    out = ReflectRetryExplorer(reflection_format="text").explore([world_suite.train_task(0)], loop, ExplorationSpec(4, SamplingParams()))
+    base = [t for t in out.groups[0] if t.origin == "base"]
+    distilled = [t for t in out.groups[0] if t.origin == "distilled"]
+    assert len(distilled) == 2 and all(d.pivot == b.pivot == 1 for b, d in zip(base, distilled))
+    assert all(t.info["reflection"] == "Retry from step 1 and TEXT-MARKER." and t.info["reflection_error"] == "" for t in base)
+    assert any("Advice from a review of an earlier attempt: Retry from step 1 and TEXT-MARKER." in p for p in engine.prompts)
+    assert out.metrics["rollout/reflection_invalid_rate"] == 0.0 and out.metrics["rollout/retry_rate"] == 1.0
+    assert out.metrics["rollout/reflection_outcome_agreement"] == 0.0  # nothing judged
+    assert out.metrics["rollout/success_judgment_samples"] == 0.0

@@ -90,7 +90,12 @@ class ReflectRetryExplorer:
         train_success_judgments: with ``meta_tasks``, also train the reflection of a maximum-reward
             episode that the reflection correctly judged ``success`` (the reference code does): the
             signal that teaches the policy to judge its own outcomes. Counted in
-            ``rollout/success_judgment_samples``.
+            ``rollout/success_judgment_samples``. A ``text`` reflection judges nothing, so none is trained.
+        reflection_format: ``json`` (the paper's object: summary, root cause, outcome, suggestion,
+            ``retry_from_step``) or ``text``: free text, for a policy that cannot yet write the object
+            (a 135M model writes it valid about never); its outcome is the environment's verdict, its
+            pivot the first ``Step k`` it names, else 0 (``reflection.parse_text_reflection``). The
+            built-in templates follow the format (``reflection_text.txt``, ``guidance_text.txt``).
         step_split: ``auto``: when the suite plays one turn per episode (``max_turns == 1``, single-turn
             reasoning), pivot on reasoning steps — responses are split into lines
             (``rollout.steps.step_lengths``) and the retry continues the message from the first k
@@ -112,6 +117,7 @@ class ReflectRetryExplorer:
         reflector: Literal["policy", "suite"] = "policy",
         reflection_transcript: Literal["compact", "full"] = "compact",
         train_success_judgments: bool = True,
+        reflection_format: Literal["json", "text"] = "json",
     ) -> None:
         if step_split not in ("auto", "off"):
             raise ValueError(f"step_split must be 'auto' or 'off', got {step_split!r}")
@@ -121,13 +127,15 @@ class ReflectRetryExplorer:
         self.retry_below_max_reward_only = retry_below_max_reward_only
         self.refill_groups = refill_groups
         self.train_success_judgments = train_success_judgments
+        text = reflection_format == "text"
         self.reflector = Reflector(
             reflection_temperature,
             max_reflection_tokens,
-            load_template(reflection_template, "reflection.txt"),
-            load_template(guidance_template, "guidance.txt"),
+            load_template(reflection_template, "reflection_text.txt" if text else "reflection.txt"),
+            load_template(guidance_template, "guidance_text.txt" if text else "guidance.txt"),
             source=reflector,
             transcript_style=reflection_transcript,
+            reflection_format=reflection_format,
         )
 
     @property
@@ -213,7 +221,7 @@ class ReflectRetryExplorer:
             return []
         samples = []
         for i, (trajectory, (reflection, _)) in enumerate(zip(base, reflections.parsed)):
-            correct = reflection is not None and reflection.trajectory_outcome == "success"
+            correct = reflection is not None and reflection.judged and reflection.trajectory_outcome == "success"
             if correct and trajectory.reward >= max_reward and not trajectory.reward_error:
                 samples.append(reflect_sample(trajectory, reflections.prompts[i], reflections.answers[i], trajectory.reward))
         return samples
@@ -311,7 +319,7 @@ def success_label_agreement(suite, tasks: list[Task], base: list[Trajectory], pa
             return {}
         successes += 1
         clean += diagnosis["trajectory_outcome"] == "success"
-        if reflection is not None:
+        if reflection is not None and reflection.judged:
             labelled += 1
             agreed += reflection.trajectory_outcome == diagnosis["trajectory_outcome"]
     if not successes:
@@ -326,7 +334,7 @@ def r3l_metrics(base, parsed, retry_of: list[int], pivots: list[int], improved: 
     invalid = sum(1 for reflection, _ in parsed if reflection is None)
     # Does the reflection's outcome match the environment's verdict? Both success labels count as
     # claiming success.
-    judged = [(r.trajectory_outcome != "failure") == t.success for t, (r, _) in zip(base, parsed) if r is not None]
+    judged = [(r.trajectory_outcome != "failure") == t.success for t, (r, _) in zip(base, parsed) if r is not None and r.judged]
     positions = [k / max(len(base[i].turns), 1) for i, k in zip(retry_of, pivots)]
     saved = sum(sum(len(t.response_ids) for t in base[i].turns[:k]) for i, k in zip(retry_of, pivots))
     # A retry from scratch would cost about what its base episode cost.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, Optional
@@ -40,13 +41,37 @@ def load_template(path: str, builtin: str) -> str:
 
 @dataclass
 class Reflection:
-    """A validated reflection. ``retry_from_step`` is within [0, number of turns - 1]."""
+    """A validated reflection. ``retry_from_step`` is within [0, number of turns - 1]. ``judged``: the
+    outcome is the reflection's own judgment (a ``json`` reflection); a ``text`` reflection's outcome is
+    the environment's verdict, which no success judgment is trained on or scored against."""
 
     trajectory_summary: str
     root_cause_analysis: str
     trajectory_outcome: str
     improvement_suggestion: str
     retry_from_step: int
+    judged: bool = True
+
+
+REFLECTION_FORMATS = ("json", "text")
+"""How a reflection is written: the paper's JSON object, or free text (``parse_text_reflection``)."""
+_STEP_MENTION = re.compile(r"\bstep\s+(\d+)", re.IGNORECASE)
+
+
+def parse_text_reflection(text: str, trajectory: Trajectory) -> tuple[Optional[Reflection], str]:
+    """A free-text reflection on ``trajectory``: (reflection, "") or (None, "empty"). Never raises.
+
+    For a policy too small to write the JSON object: the whole text is the root cause and the
+    suggestion; the pivot is the first ``Step k`` the text names within [0, turns - 1] (the transcript
+    numbers steps from 0), else 0 (retry from the start); the outcome is the environment's verdict
+    (``judged`` False)."""
+    body = text.strip()
+    if not body:
+        return None, "empty"
+    turns = max(len(trajectory.turns), 1)
+    named = [int(m) for m in _STEP_MENTION.findall(body) if int(m) < turns]
+    outcome = "success" if trajectory.success else "failure"
+    return Reflection("", body, outcome, body, named[0] if named else 0, judged=False), ""
 
 
 def parse_reflection(text: str, num_turns: int) -> tuple[Optional[Reflection], str]:
@@ -209,6 +234,8 @@ class Reflector:
         transcript_style: ``compact`` (the first observation, then one ``action -> feedback`` line per
             step) or ``full`` (the reference code's: system prompt, every observation, full response
             and feedback; longer prompts).
+        reflection_format: ``json`` (the paper's object, ``parse_reflection``) or ``text`` (free text,
+            ``parse_text_reflection``; the policy source only).
     """
 
     @classmethod
@@ -225,9 +252,15 @@ class Reflector:
         guidance_template: str,
         source: Literal["policy", "suite"] = "policy",
         transcript_style: Literal["compact", "full"] = "compact",
+        reflection_format: Literal["json", "text"] = "json",
     ) -> None:
         if source not in ("policy", "suite"):
             raise ValueError(f"reflector must be 'policy' or 'suite', got {source!r}")
+        if reflection_format not in REFLECTION_FORMATS:
+            raise ValueError(f"reflection_format must be 'json' or 'text', got {reflection_format!r}")
+        if reflection_format == "text" and source == "suite":
+            raise ValueError("reflection_format 'text' is for the policy's own reflections; the suite's diagnostician writes JSON")
+        self.reflection_format = reflection_format
         if transcript_style not in ("compact", "full"):
             raise ValueError(f"reflection_transcript must be 'compact' or 'full', got {transcript_style!r}")
         self.transcript_style = transcript_style
@@ -285,7 +318,10 @@ class Reflector:
             prompts, generations = ask_policy(loop, messages, reflect_params)
             answers = [g.token_ids for g in generations]
             texts = [loop.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
-        parsed = [parse_reflection(text, len(t.turns)) for text, t in zip(texts, trajectories)]
+        if self.reflection_format == "text":
+            parsed = [parse_text_reflection(text, t) for text, t in zip(texts, trajectories)]
+        else:
+            parsed = [parse_reflection(text, len(t.turns)) for text, t in zip(texts, trajectories)]
         for trajectory, text, (_, error) in zip(trajectories, texts, parsed):
             trajectory.info["reflection"] = text
             trajectory.info["reflection_error"] = error

@@ -175,7 +175,7 @@ class R3LightningModule(L.LightningModule):
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
         self.policy = apply_lora(policy, self.model_config)
         self.tokenizer = tokenizer
-        self.engine = build_engine(self.engine_config, self.policy, tokenizer)
+        self.engine = build_engine(self.engine_config, self.policy, tokenizer, self.datamodule.context_budget())
 
     def use_engine(self, engine: RolloutEngine) -> None:
         """Roll out with ``engine`` from now on (tests swap in scripted engines this way)."""

@@ -203,6 +203,19 @@ class RolloutDataModule(L.LightningDataModule):
         if self.buffer is not None and "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
 
+    def context_budget(self) -> int:
+        """The longest prompt plus completion this run asks an engine for, in tokens: twice the episode
+        context (``agent.max_context_tokens``; a reflection or critique prompt shows a whole episode)
+        plus the longest generation (rollouts, validation, reflections, critiques)."""
+        reflector = getattr(self.explorer, "reflector", None)
+        generations = [
+            self.sampling.max_new_tokens,
+            self.val_sampling.max_new_tokens,
+            getattr(reflector, "max_tokens", 0),
+            getattr(self.explorer, "max_critique_tokens", 0),
+        ]
+        return 2 * self.agent.max_context_tokens + max(generations)
+
     def tokenizer_corpus(self) -> list[str]:
         """Texts an in-memory tokenizer is trained on: the suite's, plus the reflection vocabulary
         (prompt templates, example reflections) when the explorer reflects or the suite has a

@@ -43,7 +43,10 @@ class EngineConfig:
             cache; the rest is the trainer's when colocated.
         kv_cache_gb: vllm: explicit KV-cache size in GiB (overrides gpu_memory_utilization); null:
             0.25 GiB on CPU, derived from gpu_memory_utilization on GPU.
-        max_model_len: vllm: longest prompt + completion in tokens; 0 uses the model's maximum.
+        max_model_len: vllm: longest prompt + completion in tokens; 0: the run's own budget (twice the
+            episode context ``data.agent.max_context_tokens``, room for reflection prompts made from a
+            whole episode, plus the longest generation), capped at the model's maximum. A model's
+            maximum (8,192 for SmolLM2) would not fit the CPU's default 0.25 GiB KV cache.
         enforce_eager: vllm: no torch.compile and no CUDA graphs (starts in seconds; set false for
             faster decoding on long GPU runs).
         enable_prefix_caching: vllm: reuse the KV cache of shared prefixes (a group's common prompt,
@@ -91,6 +94,15 @@ class EngineConfig:
     compile_cache_dir: str = ""
 
 
+def vllm_max_model_len(configured: int, context_tokens: int, policy: torch.nn.Module) -> int:
+    """vLLM's ``max_model_len``: the configured value, else ``context_tokens`` capped at the model's
+    ``max_position_embeddings`` (0, vLLM's "the model's maximum", when neither is known)."""
+    if configured > 0:
+        return configured
+    limit = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    return min(context_tokens, limit) if context_tokens > 0 and limit else context_tokens
+
+
 def hf_decode_path(choice: str, on_cuda: bool) -> HFDecode:
     """The decoding path ``engine.hf_decode`` names; ``auto`` is ``generate_compiled`` with CUDA (where
     its CUDA graphs make decoding faster) and ``fused`` on the CPU (where compilation costs about a
@@ -108,8 +120,10 @@ def replaced_key_note(message: str) -> str:
     return ("; " + "; ".join(notes)) if notes else ""
 
 
-def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> RolloutEngine:
-    """The engine ``config`` names, generating with ``policy``'s weights."""
+def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer, context_tokens: int = 0) -> RolloutEngine:
+    """The engine ``config`` names, generating with ``policy``'s weights. ``context_tokens``: the run's
+    longest prompt plus completion, vLLM's ``max_model_len`` when ``config.max_model_len`` is 0 (0: the
+    model's own maximum)."""
     if config.backend == "hf":
         if config.hf_decode not in HF_DECODE_CHOICES:
             raise ValueError(f"engine.hf_decode must be one of {', '.join(HF_DECODE_CHOICES)}, got {config.hf_decode!r}")
@@ -138,7 +152,7 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer) -> Ro
             seed=config.seed,
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_gb=config.kv_cache_gb,
-            max_model_len=config.max_model_len,
+            max_model_len=vllm_max_model_len(config.max_model_len, context_tokens, policy),
             enforce_eager=config.enforce_eager,
             enable_prefix_caching=config.enable_prefix_caching,
             sleep_mode=config.sleep_mode,

@@ -304,6 +304,8 @@ def load_pretrained(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTok
         ) from err
     except Exception as err:  # a file transformers, safetensors or tokenizers cannot read
         raise ValueError(f"model.name_or_path: cannot load {path!r} ({type(err).__name__}: {' '.join(str(err).split())})") from err
+    if config.gguf_file:
+        forget_gguf_quantization(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     apply_chat_template_setting(tokenizer, config)
@@ -313,6 +315,17 @@ def load_pretrained(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTok
             f"{CHAT_TEMPLATE_KEY} to a Jinja template, a file holding one, or a shipped one (qwen3_prefix_stable)"
         )
     return model, tokenizer
+
+
+def forget_gguf_quantization(model: PreTrainedModel) -> None:
+    """A GGUF file loads dequantized (plain ``dtype`` tensors), yet transformers keeps its GGUF
+    "quantizer" on the model, which refuses ``save_pretrained``: the export, the vLLM engine's copy
+    of the policy and the HuggingFaceExport callback would all fail. Drop it: the model is a plain one."""
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
 
 
 def apply_lora(model: PreTrainedModel, config: ModelConfig) -> PreTrainedModel:

@@ -65,3 +65,32 @@ def test_a_replaced_key_on_the_command_line_is_refused_naming_hf_decode(tmp_path
     code, err = run_cli(tmp_path, capsys, *args)
     key = args[0].split("=")[0].removeprefix("--model.engine.")
     assert code == 2 and f"engine.{key} was replaced by engine.hf_decode" in err
+
+
+def test_vllm_max_model_len_is_the_runs_budget_capped_at_the_models_limit():
+    from types import SimpleNamespace
+
+    from r3lightning.engines.config import vllm_max_model_len
+
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=8192))
+    assert vllm_max_model_len(0, 216, model) == 216  # the run's budget, not the model's 8,192
+    assert vllm_max_model_len(0, 10_000, model) == 8192
+    assert vllm_max_model_len(512, 216, model) == 512  # a configured value wins
+    assert vllm_max_model_len(0, 0, model) == 0  # nothing known: vLLM takes the model's maximum
+
+
+def test_the_runs_context_budget_covers_episodes_reflections_and_generations():
+    from r3lightning.data.datamodule import RolloutDataModule
+    from r3lightning.engines.base import SamplingParams
+    from r3lightning.envs.math_env import MathSuite
+    from r3lightning.rollout.agent_loop import AgentLoopConfig
+    from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
+
+    suite = MathSuite(num_val_tasks=2)
+    plain = RolloutDataModule(suite, sampling=SamplingParams(max_new_tokens=24), agent=AgentLoopConfig(max_context_tokens=96))
+    assert plain.context_budget() == 2 * 96 + 24
+    reflecting = RolloutDataModule(
+        suite, explorer=ReflectRetryExplorer(max_reflection_tokens=48),
+        sampling=SamplingParams(max_new_tokens=24), agent=AgentLoopConfig(max_context_tokens=96),
+    )
+    assert reflecting.context_budget() == 2 * 96 + 48

@@ -3,7 +3,7 @@ with each decoding path, interleaved.
 
     python -m benchmarks.quickstart_decode --out benchmarks/results/quickstart_decode_cpu.json --repeats 2
 
-Each repeat runs the quickstart command (``r3l fit --config configs/quickstart.yaml``) three times, in
+Each repeat runs the quickstart command (``r3l fit --config configs/examples/r3l_procedural_d1_cpu.yaml``) three times, in
 this order: ``fused_compiled`` on a new, empty inductor cache directory (``cold``: a user's first run),
 ``fused`` (today's ``auto`` on the CPU), and ``fused_compiled`` again on the directory the first run
 filled (``warm``: every later run of the same shapes and code). Reported per run: the wall time of the
@@ -31,7 +31,7 @@ from scripts.machine_info import machine_info
 from benchmarks.recipe_run import scalars
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = "configs/quickstart.yaml"
+CONFIG = "configs/examples/r3l_procedural_d1_cpu.yaml"
 ORDER = (("compiled_cold", "fused_compiled"), ("fused", "fused"), ("compiled_warm", "fused_compiled"))
 
 

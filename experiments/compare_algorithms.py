@@ -1,6 +1,6 @@
 """GRPO vs R³L, its reference-code variant, the reflection baselines and the ablations, from one warm-start.
 
-Per seed, one SFT warm-start of the recipe (default configs/quickstart.yaml: tiny policy, scripted
+Per seed, one SFT warm-start of the recipe (default configs/examples/r3l_procedural_d1_cpu.yaml: tiny policy, scripted
 expert demonstrations, diagnostician reflections and guided retries) is trained and checkpointed;
 every method then resumes from that same checkpoint for the same number of RL steps on the same task
 stream, and differs only in its preset (``configs/algorithms/<method>.yaml``, stacked as it is: each
@@ -184,7 +184,7 @@ def plot(results: dict, path: str, warmup_steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON result path (the PNG goes beside it)")
-    parser.add_argument("--recipe", default="configs/quickstart.yaml")
+    parser.add_argument("--recipe", default="configs/examples/r3l_procedural_d1_cpu.yaml")
     parser.add_argument("--methods", nargs="*", default=list(DEFAULT_METHODS),
                         help=f"presets to compare (default: {list(DEFAULT_METHODS)}; any of configs/algorithms)")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=PRESET[,KEY=VALUE...]",

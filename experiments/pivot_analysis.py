@@ -14,7 +14,7 @@ whether the retry succeeded; summarized as ``guidance_followed_rate``, ``retry_o
 and the retry success rate, by whether the guidance was followed. That separates "the policy does
 not follow the guidance" from "it follows it and then goes astray".
 
-    python -m experiments.pivot_analysis --recipe configs/quickstart.yaml --ckpt WARM.ckpt --steps 5 \\
+    python -m experiments.pivot_analysis --recipe configs/examples/r3l_procedural_d1_cpu.yaml --ckpt WARM.ckpt --steps 5 \\
         --out benchmarks/results/pivot_analysis_quickstart.json
 """
 

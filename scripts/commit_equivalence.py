@@ -9,7 +9,7 @@ validation figures of both runs and the per-step R³L figures.
 It answers "did this range of commits change what the recipe learns?" without bisecting: when the two
 ends train the same run, no commit in between did (for this recipe, on this machine).
 
-    python -m scripts.commit_equivalence d37f6aa HEAD --recipe configs/quickstart.yaml \
+    python -m scripts.commit_equivalence d37f6aa HEAD --recipe configs/examples/r3l_procedural_d1_cpu.yaml \
         --out benchmarks/results/quickstart_code_bisect.json
     python -m scripts.commit_equivalence a59f780 861559e --recipe configs/examples/r3l_procedural_d2_cpu.yaml \
         --fit-args "--trainer.max_steps 240" --out ...     # the warm-start phase only
@@ -68,7 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("old", help="commit (or any revision) of the first run")
     parser.add_argument("new", help="commit of the second run ('-': measure the old one only, into --old-scalars)")
-    parser.add_argument("--recipe", default="configs/quickstart.yaml")
+    parser.add_argument("--recipe", default="configs/examples/r3l_procedural_d1_cpu.yaml")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both runs")
     parser.add_argument("--tol", type=float, default=0.0, help="largest difference counted as equal")
     parser.add_argument("--out", required=True)

@@ -4,7 +4,7 @@ The two runs:
 
 - ``arithmetic``: the first 20 steps of ``configs/examples/grpo_arithmetic_cpu.yaml`` with the warm-start
   shortened to 10 steps, so that 10 SFT and 10 GRPO steps are both covered;
-- ``quickstart_rl``: 20 R³L steps of ``configs/quickstart.yaml`` resumed from a saved 150-step warm-start
+- ``quickstart_rl``: 20 R³L steps of ``configs/examples/r3l_procedural_d1_cpu.yaml`` resumed from a saved 150-step warm-start
   checkpoint of the same recipe (reflections, retries, distillation, pivotal credit, amplification).
 
 Every scalar except measurements of the machine (``time/``, ``perf/``, ``memory/``: wall clock and the
@@ -70,7 +70,7 @@ def run_arithmetic(work: str) -> dict:
 
 def run_quickstart_rl(work: str, warm_steps: int = 150, rl_steps: int = 20) -> dict:
     common = [
-        "--config", "configs/quickstart.yaml", "--model.phases.warmstart.steps", str(warm_steps),
+        "--config", "configs/examples/r3l_procedural_d1_cpu.yaml", "--model.phases.warmstart.steps", str(warm_steps),
         "--trainer.val_check_interval", str(warm_steps), *QUIET,
     ]
     warm_log = os.path.join(work, "warm")

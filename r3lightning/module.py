@@ -276,7 +276,7 @@ class R3LightningModule(L.LightningModule):
         ranking = self.algorithm.ranking
         generator = None
         if ranking.order == "placebo":  # the control's random order: reproducible per (seed, step, rank)
-            generator = torch.Generator().manual_seed(self.datamodule.rollout_seed(self.global_step) + 3)
+            generator = torch.Generator().manual_seed(rollout.seed + 3)
         self.last_ranking = rank_failed_rows(
             experience, groups, entropy, self.algorithm, rollout.max_reward, generator, self._step_success_floor(experience, rollout)
         )

@@ -373,7 +373,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def scored(self, exploration: Exploration) -> StepRollout:
         """``exploration`` with the reward scale, sampling temperature and replay behaviour it is scored with."""
-        return StepRollout(exploration, self.max_reward, self.scoring_temperature, self.replay.behaviour)
+        return StepRollout(exploration, self.max_reward, self.scoring_temperature, self.replay.behaviour, seed)
 
     def evaluate(self, tasks: list[Task], greedy: bool, samples: int = 1) -> list[Trajectory]:
         """``samples`` validation episodes per task (task-major: task 0's, then task 1's...), greedy or

@@ -19,9 +19,12 @@ class StepRollout:
         for greedy rollouts).
     replay_behaviour: what replayed rows' behaviour log-probs are (``data.replay.behaviour``):
         ``stored`` (the policy's that sampled them) or ``pinned`` (scored as if on-policy).
+    seed: the step's rollout seed (per seed, step and rank), from which the step's other random
+        choices derive (the placebo ranking's order).
     """
 
     exploration: Exploration
     max_reward: float = 1.0
     temperature: float = 1.0
     replay_behaviour: str = "stored"
+    seed: int = 0

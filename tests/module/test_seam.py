@@ -1,6 +1,6 @@
 """The module uses the datamodule through ``connect``, ``rollout`` (RL steps), ``demonstrations``
-(warm-start steps) and ``evaluate`` (and, to train an in-memory tokenizer, ``tokenizer_corpus``);
-everything else a step needs comes with the rollout."""
+(warm-start steps) and ``evaluate`` (and, to train an in-memory tokenizer, ``tokenizer_corpus``; to size
+the engine, ``context_budget``); everything else a step needs comes with the rollout."""
 
 import ast
 from pathlib import Path
@@ -26,4 +26,4 @@ def datamodule_uses() -> set[str]:
 
 
 def test_the_module_uses_the_datamodule_through_connect_rollout_demonstrations_and_evaluate():
-    assert datamodule_uses() == {"connect", "rollout", "demonstrations", "evaluate", "tokenizer_corpus"}
+    assert datamodule_uses() == {"connect", "rollout", "demonstrations", "evaluate", "tokenizer_corpus", "context_budget"}

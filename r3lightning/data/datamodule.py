@@ -359,7 +359,7 @@ class RolloutDataModule(L.LightningDataModule):
             exploration.metrics.update(figures)
         elif self.buffer is not None:
             record_step(exploration.groups, self.buffer, batch.step)
-        return self.scored(exploration)
+        return self.scored(exploration, seed)
 
     def demonstrations(self, batch: TaskBatch) -> StepRollout:
         """The samples of one warm-start step: the demonstrations ``connect`` was given, all for the SFT
@@ -368,11 +368,13 @@ class RolloutDataModule(L.LightningDataModule):
             raise RuntimeError("RolloutDataModule.connect(..., demos) must be given the warm-start's demonstrations")
         self.cursor = batch.step + 1
         rank, world = self._rank_world()
-        samples = self.demonstration_source.samples(batch.step, batch.tasks, rank, world, self.rollout_seed(batch.step))
-        return self.scored(samples)
+        seed = self.rollout_seed(batch.step)
+        samples = self.demonstration_source.samples(batch.step, batch.tasks, rank, world, seed)
+        return self.scored(samples, seed)
 
-    def scored(self, exploration: Exploration) -> StepRollout:
-        """``exploration`` with the reward scale, sampling temperature and replay behaviour it is scored with."""
+    def scored(self, exploration: Exploration, seed: int) -> StepRollout:
+        """``exploration`` with the reward scale, sampling temperature and replay behaviour it is scored
+        with, and the step's rollout ``seed``."""
         return StepRollout(exploration, self.max_reward, self.scoring_temperature, self.replay.behaviour, seed)
 
     def evaluate(self, tasks: list[Task], greedy: bool, samples: int = 1) -> list[Trajectory]:

@@ -217,7 +217,7 @@ def test_empty_generations_are_handled_by_loop_collator_and_step(monkeypatch):
     batch = collate_experience(trajectories, [1.0, -1.0], tokenizer.pad_token_id)
     assert batch.loss_mask.sum() == 0
 
-    monkeypatch.setattr("r3lightning.module.build_engine", lambda config, policy, tokenizer: EmptyEngine())
+    monkeypatch.setattr("r3lightning.module.build_engine", lambda config, policy, tokenizer, context_tokens=0: EmptyEngine())
     _, metrics = fit(suite)
     assert metrics["rollout/response_len"] == 0 and metrics["train/rl_tokens"] == 0
 

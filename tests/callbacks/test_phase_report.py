@@ -129,3 +129,30 @@ def test_the_summary_names_the_last_checkpoint(tmp_path, capsys):
     trainer.callbacks = [SimpleNamespace(), SimpleNamespace(last_model_path=str(tmp_path / "checkpoints" / "last.ckpt"))]
     report.on_fit_end(trainer, module)
     assert f"last checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().out
+
+
+def test_a_whole_sanity_check_is_kept_as_the_model_before_training_and_logged_at_step_0(tmp_path, capsys):
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    module = SimpleNamespace(phases=PhaseSchedule())
+
+    def sanity(num_sanity_val_steps, val_batches):
+        trainer = _trainer(tmp_path, 0, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125})
+        return SimpleNamespace(**{**vars(trainer), "sanity_checking": True, "num_sanity_val_steps": num_sanity_val_steps,
+                                  "num_val_batches": val_batches, "logger": logger})
+
+    partial = PhaseReport()
+    partial.on_validation_end(sanity(2, [3]), module)  # 2 of 3 batches: not a validation of the model
+    assert partial.records == [] and logged == []
+
+    report = PhaseReport()
+    report.on_validation_end(sanity(float("inf"), [3]), module)  # num_sanity_val_steps: -1
+    assert report.records == [{"step": 0, "phase": "initial", "val/success_rate_greedy": 0.25, "val/success_rate": 0.125}]
+    assert logged == [(0, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125})]
+    report.on_validation_end(_trainer(tmp_path, 8, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
+    report.on_fit_end(_trainer(tmp_path, 8, {}), module)
+    summary = json.loads((tmp_path / "phase_report.json").read_text())
+    assert summary["before_training"]["step"] == 0 and summary["final"]["step"] == 8
+    printed = capsys.readouterr().out
+    assert "before training   step     0:  25.0% /  12.5%" in printed
+    assert "after RL          step     8:  75.0% /  50.0%" in printed

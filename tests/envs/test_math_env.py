@@ -342,3 +342,32 @@ def test_suite_arguments_are_documented_for_jsonargparse():
     assert "max_operand" in help_text and "seeded by" in help_text
     config = parser.parse_args(["--suite.source=arithmetic", "--suite.max_attempts=2"])
     assert config.suite.max_attempts == 2
+
+
+# ---- final_answer: last_number (a model told to answer with the number only) -------------------------
+def test_the_last_number_is_the_answer_of_a_number_only_reply():
+    from r3lightning.envs.math_env import extract_last_number
+
+    assert extract_last_number("7 + 12 = 19") == "19"
+    assert extract_last_number("It is -4, not 3.") == "3"
+    assert extract_last_number("about 1,234.5 apples") == "1234.5"
+    assert extract_last_number("-7") == "-7"
+    assert extract_last_number("Thirty-two!") is None
+
+
+def test_a_last_number_suite_reads_bare_answers_and_demonstrates_them_bare():
+    from r3lightning.envs.math_env import FEEDBACK_NO_NUMBER, MathSuite
+
+    suite = MathSuite(source_kwargs={"max_operand": 20, "operators": "+"}, num_val_tasks=2,
+                      instruction="Answer with the number only.", final_answer="last_number")
+    task = suite.train_task(0)
+    assert suite.demonstration(task) == [str(task.answer)]
+    assert FEEDBACK_NO_NUMBER in suite.feedback_texts()
+    env = suite.make_env()
+    env.reset(task)
+    assert env.step(f"The sum is {task.answer}").reward == 1.0
+    env.reset(task)
+    result = env.step("I cannot say.")
+    assert result.reward == 0.0 and result.info["feedback"] == FEEDBACK_NO_NUMBER and result.info["invalid_action"]
+    with pytest.raises(ValueError, match="final_answer must be one of boxed, last_number"):
+        MathSuite(final_answer="first_number")

@@ -23,21 +23,19 @@ import tempfile
 from pathlib import Path
 
 from scripts.machine_info import machine_info
+from scripts.refactor_equivalence import read_scalars
 
 TAGS = ("sync/logprob_max_abs_diff", "perf/rollout_tokens_per_s", "time/rollout_s", "time/step_s", "rollout/generated_tokens")
 ENGINE_CONFIGS = {"hf": [], "vllm": ["--config", "configs/engine/vllm.yaml"]}
 
 
 def run(config: list[str], engine: str, steps: int, folder: str) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     command = [sys.executable, "-m", "r3lightning.cli.console", "fit", *config, *ENGINE_CONFIGS[engine],
                "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
                "--trainer.logger.init_args.save_dir", folder, "--trainer.logger.init_args.name", engine]
     subprocess.run(command, check=True)
-    accumulator = EventAccumulator(str(next(Path(folder, engine).glob("version_*"))), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in TAGS if tag in accumulator.Tags()["scalars"]}
+    scalars = read_scalars(str(Path(folder, engine)), machine=True)
+    return {tag: [value for _, value in scalars[tag]] for tag in TAGS if tag in scalars}
 
 
 def main(argv=None) -> None:

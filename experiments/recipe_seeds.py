@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from scripts.machine_info import machine_info
+from scripts.refactor_equivalence import read_scalars
 
 GREEDY, SAMPLED = "val/success_rate_greedy", "val/success_rate"
 SPENT = ("rollout/generated_tokens", "time/step_s", "time/rollout_s", "time/train_s")
@@ -41,20 +42,11 @@ def run_seed(configs: list[str], seed: int, folder: Path, extra: list[str]) -> N
     subprocess.run(command, check=True)
 
 
-def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar tag of the run's TensorBoard events, machine timings included: tag -> [(step, value)]."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
-
-
 def seed_figures(folder: Path) -> dict:
     """The run's validation history, its gain (last minus first greedy validation) and its spending."""
     report = json.loads((folder / "phase_report.json").read_text())
     history = [{"step": r["step"], "phase": r["phase"], "greedy": r[GREEDY], "sampled": r[SAMPLED]} for r in report["history"]]
-    scalars = read_scalars(folder)
+    scalars = read_scalars(str(folder), machine=True)
     spent = {tag: sum(value for _, value in scalars[tag]) for tag in SPENT if tag in scalars}
     steps = len(scalars.get("time/step_s", []))
     return {

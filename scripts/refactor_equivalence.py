@@ -39,8 +39,9 @@ def _fit(args: list[str]):
     return R3LightningCLI(args=["fit", *args])
 
 
-def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar tag of the TensorBoard event files under ``log_dir``: tag -> [(step, value)]."""
+def read_scalars(log_dir: str, machine: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of the TensorBoard event files under ``log_dir``: tag -> [(step, value)]; the
+    machine's measurements (``MACHINE_PREFIXES``) only with ``machine``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     scalars: dict[str, list[tuple[int, float]]] = {}
@@ -50,7 +51,7 @@ def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
         accumulator = EventAccumulator(root, size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
-            if tag.startswith(MACHINE_PREFIXES):
+            if tag.startswith(MACHINE_PREFIXES) and not machine:
                 continue
             scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
     return {tag: sorted(values) for tag, values in sorted(scalars.items())}

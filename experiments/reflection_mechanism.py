@@ -73,7 +73,7 @@ def run_seed(loop, tokenizer, seed: int, args) -> dict:
     from r3lightning.envs.math_env import extract_last_number
     from r3lightning.envs.reflective import reflective_prompt
     from r3lightning.rollout.agent_loop import EpisodeRequest
-    from r3lightning.rollout.explorers.in_context import attempt_text
+    from r3lightning.rollout.explorers.in_context import InContextReflectionExplorer, attempt_text
     from r3lightning.rollout.explorers.reflect_retry import ReflectRetryExplorer
     from r3lightning.rollout.steps import split_final_turn
 
@@ -130,7 +130,7 @@ def run_seed(loop, tokenizer, seed: int, args) -> dict:
                 predicted = extract_last_number(said) or said.strip()
                 made.append(EpisodeRequest(task=task, guidance=ORACLE_GUIDANCE.format(predicted=predicted, answer=task.answer)))
             elif arm == "in_context":
-                template = loop_template()
+                template = InContextReflectionExplorer().template
                 made.append(EpisodeRequest(task=task, guidance=template.format(attempt=attempt_text(merged(run), tokenizer)).strip()))
             elif arm == "gnt_prompt":
                 answer = tokenizer.decode([i for t in run.turns for i in t.response_ids], skip_special_tokens=True)
@@ -169,12 +169,6 @@ def run_seed(loop, tokenizer, seed: int, args) -> dict:
     out["reflection_invalid_rate"] = {fmt: sum(r is None for r, _ in reflections[fmt].parsed) / max(len(failed), 1) for fmt in reflections}
     out["reflection_errors_json"] = sorted({e for _, e in reflections["json"].parsed if e})
     return out
-
-
-def loop_template() -> str:
-    from r3lightning.rollout.explorers.reflection import load_template
-
-    return load_template("", "in_context.txt")
 
 
 def merged(run):

@@ -143,6 +143,14 @@ class ComponentHealth(L.Callback):
             raise UpdateSizeError(f"health.strict: {message} (the run stops before the next step)")
         rank_zero_warn(f"[r3lightning] {message}")
 
+    def on_teacher_premise_failed(self, trainer, pl_module, finding: str) -> None:
+        """ReflectRL's distillation phase found its context-distillation teacher no better with a golden
+        negative in its prompt (``model.phases.distill.check_teacher_premise``, asked by
+        ``r3lightning.training.distillation`` before the phase trains): strict, the run stops here (else the
+        distillation warns)."""
+        if self.strict:
+            raise InertComponentError(f"health.strict: {finding} (model.phases.distill.check_teacher_premise)")
+
     def on_fit_end(self, trainer, pl_module) -> None:
         self._judge([t for t in self.tallies if not t.judged and t.steps > 0])
 

@@ -26,28 +26,8 @@ from torchmetrics import MeanMetric, SumMetric
 
 from r3lightning.algos import kl_estimate
 from r3lightning.callbacks.vllm_sync import VLLMWeightSync
+from r3lightning.training.log_dir import log_dir_of  # noqa: F401 (the callbacks import it from here)
 from r3lightning.types import Trajectory
-
-
-def log_dir_of(trainer: L.Trainer) -> str:
-    """The run's own folder: the logger's ``log_dir`` (TensorBoard's, CSV's version folder); for a logger
-    without one (W&B) ``<save_dir>/<name>/<version>``, the folder Lightning puts the run's
-    ``checkpoints/`` in (W&B: ``<save_dir>/<project>/<run id>``), so validation files and reports never
-    land in the working directory where the next run would overwrite them; the trainer's root directory
-    without a logger.
-
-    Asks the logger itself: ``Trainer.log_dir`` is a collective (broadcast) under DDP and hangs when
-    only rank 0 calls it, as these callbacks do.
-    """
-    for logger in trainer.loggers:
-        log_dir = getattr(logger, "log_dir", None)
-        if log_dir:
-            return log_dir
-    for logger in trainer.loggers:
-        save_dir, name, version = logger.save_dir, logger.name, logger.version
-        if save_dir and name and version is not None:
-            return os.path.join(save_dir, str(name), version if isinstance(version, str) else f"version_{version}")
-    return trainer.default_root_dir
 
 
 class TrainingDynamicsMonitor(L.Callback):

@@ -12,7 +12,7 @@ experiments/reflectrl_example.py wrote). Stage 1 (``STAGE_ONE``, trained once pe
   ``gtplus`` (stage 1 of ``240 x rows / GT+ rows`` steps, rounded up to the validation interval);
 - ``gtplus_equal_steps``: ``gtplus``'s file for as many steps as ``reflectrl_equal`` (its compute).
 
-Stage 2 (``ARMS``: stage 1, teacher-KL weight beta, the callback's ``teacher``): ``reflectrl`` (beta
+Stage 2 (``ARMS``: stage 1, teacher-KL weight beta, ``model.phases.distill.teacher``): ``reflectrl`` (beta
 0.05, the context-distillation teacher: the stage-1 policy with a GNT of the question in its context);
 ``reflectrl_beta{0,0.01,0.2}`` (the beta sweep); ``reflectrl_anchor`` (the old teacher: the stage-1
 policy in the student's direct context); ``reflectrl_oracle``; ``reflectrl_equal``; ``gtplus`` (no
@@ -20,9 +20,9 @@ teacher); ``gtplus_anchor`` (GT+ only with the same KL weight, anchored to its o
 ``gtplus_equal_steps`` (no teacher); ``reflectrl_solution`` (``reflectrl`` with the format-matched
 reflective target, ``r3l reflect-sft --target solution``: the corrected answer in the direct answers'
 format, so the teacher's KL carries content, not the critique format). No ``seed_literal`` arm: that teacher restarts the student from the
-pretrained M_S, and this recipe's student is a tiny policy built at random (the callback refuses it).
+pretrained M_S, and this recipe's student is a tiny policy built at random (the phase refuses it).
 
-Before stage 2 trains, the callback measures its premise (``check_teacher_premise``): the stage-1
+Before stage 2 trains, the distillation phase measures its premise (``check_teacher_premise``): the stage-1
 policy's greedy success on the validation questions with their GNT in the prompt and without. Under
 the arms' strict health a context-distillation arm whose teacher is not better is refused, the figures
 in the refusal; otherwise they are recorded as ``teacher_premise``.
@@ -112,10 +112,9 @@ def student_config(args: argparse.Namespace, sft: Path, logs: Path, name: str, s
     config["model"]["phases"]["warmstart"]["steps"] = steps
     config["data"]["suite"]["init_args"]["pool"] = str(Path(args.pool).resolve())
     config["model"]["phases"]["warmstart"]["demos"]["source"] = str(sft)
-    [callback] = config["trainer"]["callbacks"]
-    callback["init_args"].update(beta=beta, teacher=teacher)
+    config["model"]["phases"]["distill"].update(beta=beta, teacher=teacher)
     # Importable from the repository root, where the comparison runs (``python -m experiments.compare_reflectrl``).
-    config["trainer"]["callbacks"].append({"class_path": "experiments.compare_reflectrl.DistillTrace"})
+    config["trainer"]["callbacks"] = [*config["trainer"].get("callbacks", []), {"class_path": "experiments.compare_reflectrl.DistillTrace"}]
     return config
 
 
@@ -136,14 +135,14 @@ def build_sft(args: argparse.Namespace, seed: int, work: Path) -> tuple[dict[str
 
 
 def _fit(config_path: Path, extra: list[str]):
-    from r3lightning.callbacks import PhaseReport, ReflectiveToDirectDistillation
+    """Run ``r3l fit``; the CLI, its phase report, the module's distillation state and the trace."""
+    from r3lightning.callbacks import PhaseReport
     from r3lightning.cli.main import R3LightningCLI
 
     cli = R3LightningCLI(args=["fit", "--config", str(config_path), "--trainer.enable_progress_bar", "false", *extra])
     report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PhaseReport))
-    distill = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ReflectiveToDirectDistillation))
     trace = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DistillTrace")
-    return cli, report, distill, trace
+    return cli, report, cli.model.distillation, trace
 
 
 def stage_one(pipeline: str, seed: int, config_path: str, checkpoint: str, result_path: str) -> dict:
@@ -172,7 +171,7 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
 
     health = ["--health.strict", strict, "--health.after_steps", str(max(rl_steps, 1))]
     try:
-        _, report, distill, trace = _fit(
+        cli, report, distill, trace = _fit(
             Path(config_path),
             ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], *health, "--ckpt_path",
              checkpoint, "--resume_with", "config"],  # each arm's own algorithm and teacher over the shared stage 1
@@ -181,7 +180,8 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
         result = {"refused": str(err), "wall_s": time.perf_counter() - start}
         Path(result_path).write_text(json.dumps(result))
         return result
-    assert (distill.beta, distill.teacher) == (beta, teacher), f"{arm}: the arm's beta/teacher did not apply"
+    config = cli.model.phases.distill
+    assert (config.beta, config.teacher) == (beta, teacher), f"{arm}: the arm's beta/teacher did not apply"
     stage1 = [r for r in distill.records if r["stage"] == 1][-1]
     stage2 = [r for r in distill.records if r["stage"] == 2][-1]
     means = report.rollout_means()

@@ -2,8 +2,9 @@
 
 ``training_step`` reads top to bottom: the step's phase (``model.phases``, ``PhaseSchedule.at``) names
 its producer, the warm-start's demonstrations or the datamodule's rollouts of the step's tasks with the
-current weights (either gives a ``StepRollout``), ``make_experience`` turns them into an ExperienceBatch (R³'s
-ranking then adjusts its failures' advantages from this module's entropies), and ``optimize`` updates
+current weights (either gives a ``StepRollout``; the first step of ReflectRL's distillation phase first
+takes its frozen teacher, ``r3lightning.training.distillation``), ``make_experience`` turns them into an
+ExperienceBatch (R³'s ranking then adjusts its failures' advantages from this module's entropies), and ``optimize`` updates
 in micro-batches with manual optimization. Every loss is normalized by the *global* number of loss
 tokens (or sequences) of the step, all-reduced over ranks, so the result does not depend on how the
 batch was split into micro-batches or ranks. The forwards are in ``r3lightning.training.forward``, the loss in
@@ -14,6 +15,7 @@ batch was split into micro-batches or ranks. The forwards are in ``r3lightning.t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 import time
@@ -29,6 +31,7 @@ from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.algos.premise import gradient_variance
 from r3lightning.training.checkpoint_state import allow_in_checkpoints, check_loadable, r3lightning_section
 from r3lightning.training.checkpoint_state import check_checkpoint_state
+from r3lightning.training.distillation import Distillation, saved_state
 from r3lightning.data.datamodule import RolloutDataModule, TaskBatch
 from r3lightning.data.evaluation import validation_figures, validation_names
 from r3lightning.data.experience import make_experience
@@ -78,7 +81,8 @@ class R3LightningModule(L.LightningModule):
         model: which policy to train (a hub/local model, or a tiny model built from a spec).
         algorithm: the RL objective (advantage, amplification, credit, policy loss, KL, aggregation).
         optim: optimizer, clipping and micro-batching.
-        phases: the run's phases in order: the SFT warm-start on demonstrations, then RL.
+        phases: the run's phases in order: the SFT warm-start on demonstrations, then RL, then (off by
+            default) ReflectRL's distillation.
         engine: rollout engine.
         log_entropy: compute the policy entropy on loss tokens every step (costs one softmax pass).
         max_bad_steps: stop after this many consecutive steps with non-finite loss or gradients.
@@ -121,6 +125,7 @@ class R3LightningModule(L.LightningModule):
         self.last_experience: Optional[ExperienceBatch] = None
         self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
+        self.distillation = Distillation()
         self.last_ranking = RankingActivity()
         # The last training step's logged scalars (callbacks read them: ``trainer.callback_metrics`` keeps
         # stale values of tags a step did not log).
@@ -141,6 +146,7 @@ class R3LightningModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             self._check_schedule()
+            Distillation.check(self.phases.distill, self.model_config.pretrained)
         self.prefix_forward.sharded = isinstance(self.trainer.strategy, FSDPStrategy)
 
     def _check_schedule(self) -> None:
@@ -166,7 +172,7 @@ class R3LightningModule(L.LightningModule):
                 apply_chat_template_setting(tokenizer, self.model_config)
                 policy = build_tiny_model(self.model_config.tiny, tokenizer, seed=0)
             self._install(policy, tokenizer)
-        self.datamodule.connect(self.engine, self.tokenizer, self.algorithm, self.phases.demonstrations())
+        self.datamodule.connect(self.engine, self.tokenizer, self.algorithm, self.phases.demonstrations(), self.phases.distill_start)
 
     def _install(self, policy: torch.nn.Module, tokenizer) -> None:
         if self.model_config.gradient_checkpointing:
@@ -180,7 +186,7 @@ class R3LightningModule(L.LightningModule):
     def use_engine(self, engine: RolloutEngine) -> None:
         """Roll out with ``engine`` from now on (tests swap in scripted engines this way)."""
         self.engine = engine
-        self.datamodule.connect(engine, self.tokenizer, self.algorithm, self.phases.demonstrations())
+        self.datamodule.connect(engine, self.tokenizer, self.algorithm, self.phases.demonstrations(), self.phases.distill_start)
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -199,6 +205,8 @@ class R3LightningModule(L.LightningModule):
     # ---- the training step ----------------------------------------------------------------------
     def training_step(self, batch: TaskBatch, batch_idx: int) -> None:
         phase, step = self.phase, self.global_step
+        if phase.name == "distill" and not self.distillation.begun:
+            self.distillation.begin(self)  # the frozen teacher, before the phase's first rollout
         # The phase's producer: RL rolls the step's tasks out, the warm-start plays their demonstrations.
         produce = self.datamodule.rollout if phase.is_rl else self.datamodule.demonstrations
         if not getattr(self.engine, "needs_weight_sync", False):  # a synced engine's version is its sync count
@@ -259,6 +267,8 @@ class R3LightningModule(L.LightningModule):
         metrics["perf/train_tokens_per_s"] = float(experience.attention_mask.sum()) / max(timings["train"], 1e-9)
         metrics.update(experience_metrics(experience))
         metrics["train/phase_rl"] = float(phase.is_rl)
+        if self.phases.distill.enabled:
+            metrics.update(self.distillation.step_metrics(self))
         return {k: float(v) for k, v in metrics.items()}
 
     # ---- R³'s ranking of failures ----------------------------------------------------------------
@@ -371,12 +381,14 @@ class R3LightningModule(L.LightningModule):
             # DDP's reducer expects exactly one backward per forward; a step here runs a backward per
             # micro-batch inside one forward. Gradients are summed by ``optimize`` (``sum_gradients_over_ranks``).
             self.trainer.model.require_backward_grad_sync = False
+        if self.phases.distill.enabled:
+            self.distillation.on_train_start(self)
 
     # ---- a frozen teacher (ReflectRL's reflective-to-direct distillation) -----------------------
     @property
     def teacher(self) -> Optional[torch.nn.Module]:
         """A frozen copy of an earlier policy whose KL the RL loss also pays; not a submodule, so it
-        stays out of the module's state dict (the callback that sets it saves it)."""
+        stays out of the module's state dict (the distillation phase saves it: ``training.distillation``)."""
         return self.__dict__.get("_teacher")
 
     def set_teacher(
@@ -473,17 +485,34 @@ class R3LightningModule(L.LightningModule):
         names = validation_names(batch.val_samples)
         if list(self.val_metrics) != names:
             self.val_metrics = torch.nn.ModuleDict({name: MeanMetric() for name in names}).to(self.device)
-        greedy = self.datamodule.evaluate(batch.tasks, greedy=True)
-        sampled = self.datamodule.evaluate(batch.tasks, greedy=False, samples=batch.val_samples)
+        direct = self.validation_view
+        greedy = self.datamodule.evaluate(batch.tasks, greedy=True, direct=direct)
+        sampled = self.datamodule.evaluate(batch.tasks, greedy=False, samples=batch.val_samples, direct=direct)
         for name, value in validation_figures(greedy, sampled, batch.val_samples).items():
             self.val_metrics[name].update(value, weight=len(batch.tasks))
+
+    @property
+    def validation_view(self) -> Optional[bool]:
+        """With a distillation phase, whether validation shows the questions directly (once the phase has
+        begun) or with their golden negative (stage 1); None without one (the suite's own view)."""
+        return self.distillation.begun if self.phases.distill.enabled else None
 
     def on_validation_epoch_end(self) -> None:
         if self.skips_validation:
             return
+        if self.phases.distill.enabled:
+            self.distillation.validate_direct(self)
         for name, metric in self.val_metrics.items():
             self.log(f"val/{name}", metric.compute(), prog_bar=name == "success_rate_greedy")
             metric.reset()
+
+    def on_validation_end(self) -> None:
+        if self.phases.distill.enabled:
+            self.distillation.record_validation(self)
+
+    def on_fit_end(self) -> None:
+        if self.phases.distill.enabled:
+            self.distillation.report(self)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -495,6 +524,8 @@ class R3LightningModule(L.LightningModule):
             self.model_config,
             in_memory_tokenizer=not self.model_config.pretrained,
         )
+        if self.phases.distill.enabled:
+            checkpoint["r3lightning"]["distill"] = self.distillation.state_dict(self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning calls this before it restores anything: the whole restorable state is checked here.
@@ -503,6 +534,13 @@ class R3LightningModule(L.LightningModule):
         self.skipped_steps = int(saved.get("skipped_steps", 0))
         if self.engine is not None:
             self.stamp_weight_version(int(saved.get("weight_version", 0)))
+        distill, _ = saved_state(checkpoint, take=True)  # an old callback's state too (docs/reflectrl.md)
+        if distill is not None and self.phases.distill.enabled:
+            config = self.distillation.load_state_dict(distill, self.phases.distill, self.phases.distill_start)
+            self.phases = dataclasses.replace(self.phases, distill=config)
+        elif distill is not None and distill.get("phase") == "distill":
+            rank_zero_warn("the checkpoint is in ReflectRL's distillation phase, but model.phases.distill.enabled is false: "
+                           "this run goes on without its teacher and with the suite's own tasks")
 
 
 # ``R3LightningModule.load_from_checkpoint`` loads before any instance exists: allow the default configs' types.

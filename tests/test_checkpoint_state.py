@@ -1,5 +1,5 @@
-"""A checkpoint's restorable state (task cursor, R³ replay buffer, module section, callback states:
-health history, distillation teacher) is checked before Lightning restores any of it; a damaged field
+"""A checkpoint's restorable state (task cursor, R³ replay buffer, module section, the distillation
+phase's teacher, callback states: health history) is checked before Lightning restores any of it; a damaged field
 ends ``r3l fit --ckpt_path`` with one line naming the checkpoint and the field (issue 38, item 3)."""
 
 import sys
@@ -11,7 +11,6 @@ import torch
 import yaml
 from harness import TINY_CLI_RUN
 
-from r3lightning.callbacks import ReflectiveToDirectDistillation
 from r3lightning.training.checkpoint_state import check_checkpoint_state
 from r3lightning.cli.main import main
 
@@ -75,12 +74,16 @@ def _copy(value):
 
 
 def test_the_distillation_teacher_is_checked_before_it_is_restored():
-    callback = ReflectiveToDirectDistillation()
-    trainer = SimpleNamespace(callbacks=[callback], datamodule=None)
+    trainer = SimpleNamespace(callbacks=[], datamodule=None)
     state = {"phase": "distill", "beta": 0.05, "estimator": "exact", "switch_step": 4, "switched_at": 4,
              "teacher": {"lm_head.weight": "not a tensor"}, "teacher_path": None, "records": []}
-    with pytest.raises(ValueError, match=r"checkpoint 'x.ckpt': damaged state, callbacks\['ReflectiveToDirectDistillation'\]"
+    with pytest.raises(ValueError, match=r"checkpoint 'x.ckpt': damaged state, r3lightning\.distill"
                                          r".teacher\['lm_head.weight'\]: a str where a Tensor was expected"):
-        check_checkpoint_state({"callbacks": {callback.state_key: state}}, "x.ckpt", trainer)
+        check_checkpoint_state({"r3lightning": {"distill": state}}, "x.ckpt", trainer)
+    # A checkpoint of the old ReflectiveToDirectDistillation callback keeps the same state among the callbacks'.
+    with pytest.raises(ValueError, match=r"damaged state, callbacks\['ReflectiveToDirectDistillation'\]"
+                                         r".teacher\['lm_head.weight'\]: a str where a Tensor was expected"):
+        check_checkpoint_state({"callbacks": {"ReflectiveToDirectDistillation": state}}, "x.ckpt", trainer)
     state["teacher"] = {"lm_head.weight": torch.zeros(2)}
-    check_checkpoint_state({"callbacks": {callback.state_key: state}}, "x.ckpt", trainer)
+    check_checkpoint_state({"r3lightning": {"distill": state}}, "x.ckpt", trainer)
+    check_checkpoint_state({"callbacks": {"ReflectiveToDirectDistillation": state}}, "x.ckpt", trainer)

@@ -537,16 +537,16 @@ def test_comparison_reuses_runs_only_from_the_same_warm_start(tmp_path):
 
 def test_reflectrl_comparison_arms_name_real_stage_ones_and_teachers():
     """experiments/compare_reflectrl.py: every stage-2 arm names a stage-1 pipeline that has an SFT file
-    and a teacher mode the callback knows; the seed-literal arm is among them."""
+    and a teacher mode the distillation phase knows; no arm is seed-literal."""
     from typing import get_args
 
-    from r3lightning.callbacks.reflective_distillation import TeacherMode
+    from r3lightning.training.phases import TeacherMode
     from experiments import compare_reflectrl as compare
 
     for arm, (pipeline, beta, teacher) in compare.ARMS.items():
         assert compare.STAGE_ONE[pipeline] in compare.SFT_FILES, arm
         assert teacher in get_args(TeacherMode) and beta >= 0, arm
-    # The CPU recipe's student is built at random: no M_S for a seed_literal arm (the callback refuses it).
+    # The CPU recipe's student is built at random: no M_S for a seed_literal arm (the phase refuses it).
     assert all(teacher != "seed_literal" for _, _, teacher in compare.ARMS.values())
 
 

@@ -1,12 +1,15 @@
 """Class paths that moved when the package was split into layers (docs/design.md): a config or command
 line that names one by its old module is refused before parsing with the new path, as moved keys are
-(jsonargparse would answer with a union message that never says where the class went)."""
+(jsonargparse would answer with a union message that never says where the class went). A callback that
+became a phase of the schedule (``REPLACED_CALLBACKS``) is refused the same way, naming its keys."""
 
 from __future__ import annotations
 
 import re
 import sys
 from typing import Optional
+
+from r3lightning.training.phases import REPLACED_CALLBACKS
 
 PACKAGE = "r3lightning"
 RENAMED = {
@@ -49,9 +52,21 @@ def _config_paths(args: list[str]) -> list[str]:
     ]
 
 
+def replaced_class_note(path: str) -> Optional[str]:
+    """What to set instead of a callback that became a phase of the schedule (``REPLACED_CALLBACKS``), for
+    ``path`` spelled through ``r3lightning.callbacks`` or its old module."""
+    module, _, name = path.rpartition(".")
+    callbacks = f"{PACKAGE}.callbacks"
+    if name in REPLACED_CALLBACKS and (module == callbacks or module.startswith(callbacks + ".")):
+        return f"{callbacks}.{name} was replaced by the phase {REPLACED_CALLBACKS[name]}"
+    return None
+
+
 def check_moved_class_paths(args: list) -> None:
     """Exit 2 with ``r3l: error: <where>: <old> moved to <new>`` when a command-line value or a
-    ``--config`` file names a class by a moved module's path; ``where`` is the argument, or the file and line."""
+    ``--config`` file names a class by a moved module's path, and with the keys to set instead when it
+    names a callback that became a phase (``REPLACED_CALLBACKS``); ``where`` is the argument, or the
+    file and line."""
     if not isinstance(args, (list, tuple)):
         return
     args = [str(a) for a in args]
@@ -64,6 +79,10 @@ def check_moved_class_paths(args: list) -> None:
             continue  # a missing file is reported by the parser
     for where, text in places:
         for found in CLASS_PATH.findall(text):
+            replaced = replaced_class_note(found)
+            if replaced is not None:
+                print(f"r3l: error: {where}: {replaced}", file=sys.stderr)
+                raise SystemExit(2)
             new = moved_class_path(found)
             if new is not None:
                 print(f"r3l: error: {where}: {found} moved to {new} (the package was split into layers, "

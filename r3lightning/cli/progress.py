@@ -28,7 +28,7 @@ class StepProgressBar(RichProgressBar):
 
     def _description(self, pl_module=None) -> str:
         phase = getattr(pl_module if pl_module is not None else self.trainer.lightning_module, "phase", None)
-        text = {"warmstart": "SFT warm-start", "rl": "RL"}.get(getattr(phase, "name", None), "Training")
+        text = {"warmstart": "SFT warm-start", "rl": "RL", "distill": "RL + distillation"}.get(getattr(phase, "name", None), "Training")
         return f"{text:{len(self.validation_description)}}"
 
     def _get_train_description(self, current_epoch: int) -> str:

@@ -118,7 +118,7 @@ def component_checks(
 
 
 TEACHER_CHECK = ComponentCheck(
-    "ReflectRL teacher KL", "the ReflectiveToDirectDistillation callback (beta)", "distill/kl_teacher",
+    "ReflectRL teacher KL", "model.phases.distill.beta", "distill/kl_teacher",
     Degeneracy("distill/kl_teacher", 1e-9, "first", False,
                "the teacher was identical to the student when distillation began (the KL only anchors)"),
 )

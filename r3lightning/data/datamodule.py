@@ -7,17 +7,19 @@ rollout *k* always uses the weights after update *k-1*. The cursor counts *consu
 checkpoint taken mid-run resumes at exactly the next unseen batch.
 
 The module uses the datamodule through four methods: ``connect`` (once: the engine and tokenizer
-every rollout uses, the objective, whose pairing with the explorer is checked there, and the
-warm-start's demonstrations), ``rollout(batch)`` (each RL step: a ``StepRollout``, the exploration
-with everything the objective reads from the data side), ``demonstrations(batch)`` (each warm-start
-step: the ``Demonstrations`` producer's samples, ``data/demonstrations.py``) and ``evaluate``
-(validation episodes).
+every rollout uses, the objective, whose pairing with the explorer is checked there, the
+warm-start's demonstrations and the first step of ReflectRL's direct tasks), ``rollout(batch)`` (each
+RL step: a ``StepRollout``, the exploration with everything the objective reads from the data side),
+``demonstrations(batch)`` (each warm-start step: the ``Demonstrations`` producer's samples,
+``data/demonstrations.py``) and ``evaluate`` (validation episodes). ReflectRL's distillation phase
+also reads ``validation_tasks`` and ``teacher_contexts``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -164,8 +166,7 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(stream, batch_size=None, collate_fn=_identity, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        rank, world = self._rank_world()
-        tasks = self.suite.val_tasks()[rank::world]
+        tasks = self.validation_tasks()
         if not tasks:
             raise ValueError("data.suite produced no validation tasks for this rank; raise num_val_tasks")
         n = self.val_tasks_per_batch
@@ -236,10 +237,23 @@ class RolloutDataModule(L.LightningDataModule):
         return Reflector.with_builtin_templates()
 
     # ---- experience ---------------------------------------------------------------------------
-    def connect(self, engine: RolloutEngine, tokenizer, objective: AlgorithmConfig, demos: Optional[DemoConfig] = None) -> None:
+    def connect(
+        self,
+        engine: RolloutEngine,
+        tokenizer,
+        objective: AlgorithmConfig,
+        demos: Optional[DemoConfig] = None,
+        direct_from_step: Optional[int] = None,
+    ) -> None:
         """Bind the engine and tokenizer every rollout uses (once, when the module has built them) and the
         warm-start's ``demos`` (None: the schedule has no warm-start), and refuse an ``objective`` this
-        datamodule's explorer and sampling would leave inert or undefined."""
+        datamodule's explorer and sampling would leave inert or undefined.
+
+        ``direct_from_step``: the first step whose training tasks are a ``ReflectiveSuite``'s direct ones
+        (ReflectRL's distillation phase; None: none). Set here, after an in-memory tokenizer was trained
+        on the suite's first tasks (so it does not depend on that step) and before the task stream
+        starts: whether a task is direct is a pure function of its index, so the one-batch prefetch and
+        exact resume need nothing more."""
         self.check_objective(objective, demos is not None and demos.reflections)
         self.tokenizer = tokenizer
         self.loop = AgentLoop(self.suite, engine, tokenizer, self.agent)
@@ -247,6 +261,15 @@ class RolloutDataModule(L.LightningDataModule):
         self.demonstration_source = None if demos is None else Demonstrations(
             demos, self.suite, self.loop if demos.source == "suite" else None, self.reflector, tokenizer, self.tasks_per_step
         )
+        if direct_from_step is not None:
+            if not hasattr(self.suite, "direct_from_index") or not hasattr(self.suite, "show_gnt_in_validation"):
+                raise ValueError(
+                    "model.phases.distill needs data.suite: r3lightning.envs.reflective.ReflectiveSuite "
+                    f"(got {type(self.suite).__name__})"
+                )
+            # Task indices of step s on rank r: (s * world + r) * tasks_per_step + j (TaskStream).
+            _, world = self._rank_world()
+            self.suite.direct_from_index = direct_from_step * world * self.tasks_per_step
 
     def check_objective(self, objective: AlgorithmConfig, demo_reflections: bool = False) -> None:
         """The explorer × objective pairing (``check_combination``: errors raised, doubtful pairs warned;
@@ -377,10 +400,42 @@ class RolloutDataModule(L.LightningDataModule):
         with, and the step's rollout ``seed``."""
         return StepRollout(exploration, self.max_reward, self.scoring_temperature, self.replay.behaviour, seed)
 
-    def evaluate(self, tasks: list[Task], greedy: bool, samples: int = 1) -> list[Trajectory]:
+    def validation_tasks(self, with_golden_negative: bool = False) -> list[Task]:
+        """This rank's validation tasks (``with_golden_negative``: only those a ``ReflectiveSuite`` shows with
+        a golden negative in the reflective view)."""
+        rank, world = self._rank_world()
+        tasks = self.suite.val_tasks()
+        if with_golden_negative:
+            tasks = [t for t in tasks if t.data.get("reflective_prompt")]
+        return tasks[rank::world]
+
+    def teacher_contexts(self) -> dict[tuple[int, ...], list[int]]:
+        """Context distillation's teacher prompts (a ``ReflectiveSuite``'s ``teacher_prompts``), as token ids
+        keyed by the student's: each training question's direct prompt and its reflective prompt, rendered
+        the way the rollout renders a first prompt."""
+        chat = self.connected_loop.chat
+        return {tuple(chat.first_prompt(direct)): chat.first_prompt(reflective) for direct, reflective in self.suite.teacher_prompts().items()}
+
+    @contextmanager
+    def _validation_view(self, direct: Optional[bool]) -> Iterator[None]:
+        """A ``ReflectiveSuite``'s validation episodes with (``direct`` False) or without (True) the golden
+        negative in the prompt; None, or a suite with one view: as it is."""
+        shown = getattr(self.suite, "show_gnt_in_validation", None)
+        if direct is None or shown is None:
+            yield
+            return
+        self.suite.show_gnt_in_validation = not direct
+        try:
+            yield
+        finally:
+            self.suite.show_gnt_in_validation = shown
+
+    def evaluate(self, tasks: list[Task], greedy: bool, samples: int = 1, direct: Optional[bool] = None) -> list[Trajectory]:
         """``samples`` validation episodes per task (task-major: task 0's, then task 1's...), greedy or
         sampled at ``val_sampling``. Every call samples under the same seed (from ``data.seed``), so a
-        validation batch gives the same episodes whenever it is run with the same weights."""
+        validation batch gives the same episodes whenever it is run with the same weights. ``direct``:
+        a ``ReflectiveSuite``'s questions without (True) or with (False) their golden negative in the
+        prompt (ReflectRL's direct and reflective validation); None: the suite's own view."""
         params = SamplingParams(
             temperature=0.0 if greedy else self.val_sampling.temperature,
             top_p=self.val_sampling.top_p,
@@ -389,7 +444,7 @@ class RolloutDataModule(L.LightningDataModule):
             max_new_tokens=self.val_sampling.max_new_tokens,
             stop=list(self.val_sampling.stop),
         )
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), self._validation_view(direct):
             torch.manual_seed(self.seed + 17)
             return self.connected_loop.run([EpisodeRequest(task=t) for t in tasks for _ in range(samples)], params)
 

@@ -6,12 +6,14 @@ question and that wrong answer and asks for the wrong step, a correction and the
 *direct* task is the wrapped suite's own question. ``ReflectiveSuite`` serves both:
 
 - training task ``index`` is reflective below ``direct_from_index`` and direct from it on (a question
-  the pool's expert answered, or any of the wrapped suite's: ``direct_tasks``), a pure function of the index, so Lightning's one-batch prefetch and exact resume need nothing more (the
-  ``ReflectiveToDirectDistillation`` callback sets ``direct_from_index`` from its switch step before
-  the stream starts);
+  the pool's expert answered, or any of the wrapped suite's: ``direct_tasks``), a pure function of the
+  index, so Lightning's one-batch prefetch and exact resume need nothing more (``RolloutDataModule.connect``
+  sets ``direct_from_index`` from the first step of the distillation phase, ``model.phases.distill``,
+  before the stream starts);
 - validation tasks are the wrapped suite's, each carrying the GNT the expert wrote for it, if any;
   whether an episode shows it is decided when its environment is made, from
-  ``show_gnt_in_validation`` (stage 1: reflective validation; stage 2: direct).
+  ``show_gnt_in_validation`` (stage 1: reflective validation; stage 2: direct; the datamodule's
+  ``evaluate`` sets it for the episodes it plays).
 
 The reflective prompt is built here only (``reflective_prompt``), so the reflective SFT rows
 (``r3lightning.data.reflectrl.reflective_sft``) and the reflective tasks see exactly the same text.
@@ -111,12 +113,13 @@ class ReflectiveSuite(TaskSuite):
         template: the reflective prompt, with ``{question}`` and ``{attempt}``; ``r3l reflect-sft``
             reads it from the same config, so stage-1 SFT and reflective tasks match.
         direct_from_index: training tasks with this index or higher are direct tasks (``direct_tasks``);
-            null: every training task is reflective. The
-            ``ReflectiveToDirectDistillation`` callback sets it to its switch step x world size x
-            ``data.tasks_per_step`` when fit starts, after an in-memory tokenizer was trained on the
-            suite's first tasks, so the tokenizer does not depend on the switch step.
+            null: every training task is reflective. With ``model.phases.distill`` the datamodule sets
+            it to the phase's first step x world size x ``data.tasks_per_step`` when it is connected,
+            after an in-memory tokenizer was trained on the suite's first tasks, so the tokenizer does
+            not depend on that step.
         show_gnt_in_validation: validation episodes of questions with a GNT show it (reflective
-            validation). The callback sets it per validation: on in stage 1, off in stage 2.
+            validation). With ``model.phases.distill`` the datamodule's ``evaluate`` sets it per
+            validation: on in stage 1, off in stage 2.
         seed: seeds the per-pass shuffle of the reflective training tasks (and of the direct ones drawn
             from the pool).
         direct_tasks: where stage 2's direct questions come from. ``pool`` (default): the training

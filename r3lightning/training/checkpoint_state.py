@@ -4,8 +4,9 @@ The module writes its ``r3lightning`` section (phase, weight version, skipped st
 fingerprint: ``r3lightning_section``) and, on load, refuses a checkpoint that does not fit the run
 (``check_loadable``). Its config dataclasses are allowed in torch's safe loader (``allow_in_checkpoints``).
 
-A resume also restores the data module's state (task cursor, R³ replay buffer) and every callback's
-state (health history, distillation teacher, phase report). A damaged or foreign field would otherwise
+A resume also restores the data module's state (task cursor, R³ replay buffer), ReflectRL's
+distillation state (``r3lightning.distill``: its teacher) and every callback's state (health history,
+phase report). A damaged or foreign field would otherwise
 surface as a ``KeyError`` / ``AttributeError`` traceback from inside Lightning's restore, or as "invalid
 literal for int()" naming no file. ``check_checkpoint_state`` checks them all first and raises one
 ``ValueError`` naming the checkpoint and the field. Callbacks take part through a
@@ -21,6 +22,7 @@ from typing import Any, Optional, get_args
 import torch
 
 from r3lightning.data.state_checks import expect_int, expect_type
+from r3lightning.training.distillation import Distillation, saved_state
 from r3lightning.training.models import tokenizer_fingerprint
 from r3lightning.training.phases import PhaseName, PhaseSchedule
 
@@ -41,8 +43,9 @@ def check_r3lightning_section(section: Any) -> None:
 def check_checkpoint_state(checkpoint: dict[str, Any], path: Optional[str], trainer: Any = None) -> None:
     """Refuse a checkpoint whose restorable state is damaged, with one line naming ``path`` and the field.
 
-    Checks the ``r3lightning`` section, the data module's section (under its class name, Lightning's
-    key) and, with a ``trainer``, the state of each of its callbacks that has a ``check_state_dict``.
+    Checks the ``r3lightning`` section, the distillation's state (``training.distillation.saved_state``),
+    the data module's section (under its class name, Lightning's key) and, with a ``trainer``, the
+    state of each of its callbacks that has a ``check_state_dict``.
     """
     from r3lightning.data.datamodule import RolloutDataModule
 
@@ -52,6 +55,12 @@ def check_checkpoint_state(checkpoint: dict[str, Any], path: Optional[str], trai
     try:
         if "r3lightning" in checkpoint:
             check_r3lightning_section(checkpoint["r3lightning"])
+        distill, where = saved_state(checkpoint)
+        if distill is not None:
+            try:
+                Distillation.check_state_dict(distill)
+            except ValueError as err:
+                raise ValueError(f"{where}.{err}") from None
         for key in sorted(data_keys & set(checkpoint)):
             try:
                 RolloutDataModule.check_state_dict(checkpoint[key])

@@ -49,23 +49,25 @@ def scheduled_learning_rate(step: int, optim: OptimConfig, phase: Phase, total_s
     """Learning rate of optimizer step ``step`` (0-based) in ``phase``, a pure function of the step so
     that resuming needs no scheduler state: the phase's own rate (``optim.lr`` when it sets none), opening
     with a linear warm-up over ``optim.warmup_steps`` (the RL phase may start from a freshly reset
-    optimizer, whose first AdamW steps are the largest).
+    optimizer, whose first AdamW steps are the largest). The warm-up and decay count over the phase's
+    ``schedule`` (RL and a distillation after it share one).
 
     With ``optim.lr_decay == "cosine"`` the phase then decays along a half cosine towards
     ``optim.min_lr_ratio`` of its rate, reached one step after the phase's last (the last phase ends
     with the run, at ``total_steps``)."""
-    step_in_phase = step - phase.start
+    first, end = phase.schedule
+    step_in_phase = step - first
     warmup = max(optim.warmup_steps, 0)
     warm_up = min(1.0, (step_in_phase + 1) / (warmup + 1))
     rate = phase.lr if phase.lr is not None else optim.lr
     if optim.lr_decay == "cosine":
-        end = phase.end if phase.end is not None else total_steps
-        if end is None or end <= phase.start:
+        end = end if end is not None else total_steps
+        if end is None or end <= first:
             raise ValueError(
                 f"optim.lr_decay=cosine needs the run's length: trainer.max_steps ({total_steps}) must exceed "
-                f"the {phase.name} phase's first step ({phase.start})"
+                f"the {phase.name} phase's first step ({first})"
             )
-        phase_steps = end - phase.start
+        phase_steps = end - first
         progress = min(1.0, max(0, step_in_phase - warmup) / max(1, phase_steps - warmup))
         floor = optim.min_lr_ratio
         rate *= floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

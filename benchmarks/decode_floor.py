@@ -38,7 +38,6 @@ def step_matmuls(decoder, rows: int):
     query/key/value projection, the output projection added to the residual, the fused gate/up
     projection and the down projection added to the residual; then the LM head."""
     import torch
-    from torch.nn import functional as F
 
     hidden = decoder.model.config.hidden_size
     x, residual = torch.randn(rows, hidden), torch.randn(rows, hidden)
@@ -47,12 +46,12 @@ def step_matmuls(decoder, rows: int):
     layers = list(zip(decoder.decoder.layers, decoder._weights))
 
     def run() -> None:
-        for layer, fused in layers:
-            F.linear(x, fused.qkv_weight, fused.qkv_bias)
-            torch.addmm(residual, attended, layer.self_attn.o_proj.weight.t())
-            F.linear(x, fused.gate_up_weight, fused.gate_up_bias)
-            torch.addmm(residual, activated, layer.mlp.down_proj.weight.t())
-        decoder.model.lm_head(x)
+        for _, fused in layers:
+            fused.qkv(x)
+            fused.out.add_to(residual, attended)
+            fused.gate_up(x)
+            fused.down.add_to(residual, activated)
+        decoder._lm_head(x)
 
     return run
 

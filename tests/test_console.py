@@ -95,3 +95,28 @@ def test_trainer_flags_that_do_nothing_here_are_refused_with_the_key_to_use(flag
     error = capsys.readouterr().err
     assert error.startswith(f"r3l: error: trainer.{flag} (") and "does nothing in r3lightning" in error, error
     assert instead in error
+
+
+def test_openmp_threads_sleep_when_idle_unless_the_user_chose_a_wait_policy():
+    environ = {}
+    console.let_idle_threads_sleep(environ)
+    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    chosen = {"OMP_WAIT_POLICY": "active"}
+    console.let_idle_threads_sleep(chosen)
+    assert chosen == {"OMP_WAIT_POLICY": "active"}
+
+
+def test_a_command_that_runs_loads_torch_with_the_wait_policy_set(tmp_path):
+    """``main`` sets it before it hands the command to Lightning's CLI (whose import loads torch and its OpenMP runtime, which reads it once)."""
+    code = (
+        "import os, sys\n"
+        "from r3lightning.cli import console\n"
+        "seen = {}\n"
+        "import r3lightning.cli.main as cli_main\n"
+        "cli_main.main = lambda args=None: seen.update(policy=os.environ.get('OMP_WAIT_POLICY'))\n"
+        "console.main(['fit', '--config', 'x.yaml'])\n"
+        "print(seen['policy'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "R3L_CACHE_DIR": str(tmp_path)}, timeout=300)
+    assert out.stdout.split()[-1] == "PASSIVE", out.stderr[-2000:]

@@ -101,6 +101,7 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
     path = cache_dir() / f"help-{args[0]}-{help_cache_key([program, *args], source_dirs(), columns)}.txt"
     if path.is_file():
         return path.read_text()
+    let_idle_threads_sleep()
     from r3lightning.cli.main import main as lightning_main
 
     captured = io.StringIO()
@@ -121,6 +122,19 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
     return text
 
 
+def let_idle_threads_sleep(environ=os.environ) -> None:
+    """Make OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose a
+    policy. Read once, when torch loads its OpenMP runtime, so it is set before Lightning is imported.
+
+    Every torch CPU operation splits its work over the threads and waits at a barrier for the last one.
+    By default a thread that finished spins there; when another process holds a core (a second
+    training run, an evaluation, data loading), the thread it displaced finishes a scheduler slice
+    later while the spinning ones burn the CPU it needs, and every operation pays for it. Sleeping
+    threads give that CPU back (docs/engines.md, "Sharing the machine with other jobs", has the
+    measurement)."""
+    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of the ``r3l`` script (``r3lightning.cli.main`` does the work of every command)."""
     # LightningCLI reads sys.argv itself; given the same arguments explicitly, it warns.
@@ -136,6 +150,7 @@ def main(args: Optional[list[str]] = None) -> None:
     if text is not None:
         print(text, end="")
         return
+    let_idle_threads_sleep()
     from r3lightning.cli.main import main as lightning_main
 
     lightning_main(None if from_command_line else args)

@@ -2,6 +2,8 @@
 log-probs within 1e-5 (fp32), through padding, shared prompts, prefix-cache hits and weight updates; models
 it does not cover decode with the forward and are counted."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -11,11 +13,14 @@ from transformers import MistralConfig, MistralForCausalLM
 from r3lightning.training.models import TinyModelSpec, build_tiny_model
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.fused_step import (
+    PACKED_MIN_HIDDEN,
     FusedDecoder,
+    Projection,
     family_rms_norm,
     fold_rotation_sign,
     fused_decode_unsupported,
     grouped_decode_attention,
+    packs_linears,
     padded_prefill_attention,
     rotate,
 )
@@ -225,3 +230,49 @@ def test_other_attention_kernels_keep_their_own_decoding(world_tokenizer):
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     model.config._attn_implementation = "flash_attention_2"
     assert "flash_attention_2" in fused_decode_unsupported(model)
+
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 64, 130])
+def test_a_packed_projection_is_the_linear_map_and_its_residual_sum(bias, rows):
+    torch.manual_seed(rows)
+    weight, b = torch.randn(96, 40), (torch.randn(96) if bias else None)
+    plain, packed = Projection.of(weight, b, pack=False), Projection.of(weight, b, pack=True)
+    assert packed.packed and not plain.packed and plain.weight is weight  # plain: the tensor itself, no copy
+    x, residual = torch.randn(rows, 40), torch.randn(rows, 96)
+    expected = torch.nn.functional.linear(x, weight, b)
+    torch.testing.assert_close(packed(x), expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(plain(x), expected)
+    before = residual.clone()
+    torch.testing.assert_close(packed.add_to(residual, x), residual + expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain.add_to(residual, x), residual + expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(residual, before)  # the residual stream is read, not written
+    torch.testing.assert_close(packed(x.view(1, rows, 40))[0], expected, atol=1e-5, rtol=1e-5)  # [..., in] inputs
+
+
+@needs_onednn
+def test_wide_float32_cpu_models_decode_with_packed_projections_and_equal_the_forward(world_tokenizer):
+    """From PACKED_MIN_HIDDEN hidden units up (real models), the CPU float32 step runs oneDNN linears over
+    packed weights: greedy tokens identical to the forward's, log-probs within 1e-5, through prefill,
+    shared prompts, prefix-cache hits and a weight update. Narrower models keep F.linear."""
+    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    narrow = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
+    assert packs_linears(wide) and not packs_linears(narrow) and not packs_linears(copy.deepcopy(wide).double())
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    engine, fused = run_two_calls(wide, world_tokenizer, "fused", params)
+    _, forward = run_two_calls(wide, world_tokenizer, "forward", params)
+    assert engine._fused.packed and engine.metrics()["perf/hf_packed_linears"] == 1
+    assert [g.token_ids for g in fused] == [g.token_ids for g in forward]
+    for a, b in zip(fused, forward):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    with torch.no_grad():  # an optimizer step: the packed copies are rebuilt from the new weights
+        for parameter in wide.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    prompts = chat_prompts(world_tokenizer)
+    after = engine.generate(prompts, params)
+    expected = HFEngine(wide, world_tokenizer, decode="forward").generate(prompts, params)
+    assert [g.token_ids for g in after] == [g.token_ids for g in expected]

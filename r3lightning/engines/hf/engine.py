@@ -122,7 +122,9 @@ class HFEngine:
     def metrics(self) -> dict[str, float]:
         """Figures the module logs each step: the cache hit rate so far, and how often the model's
         cache type forced the prefix cache off (a fallback to full prefill) and how many generate calls
-        decoded with the model's forward although fused decoding was asked for; with ``generate_compiled``, the
+        decoded with the model's forward although fused decoding was asked for; under ``fused`` with a model
+        of ``fused_step.PACKED_MIN_HIDDEN`` hidden units or more, whether its projections ran packed oneDNN linears
+        (``perf/hf_packed_linears``, 0 off a CPU float32 model or without oneDNN); with ``generate_compiled``, the
         shape buckets compiled so far and the seconds their first calls took; with ``fused_compiled``,
         the compiled step's graphs, the seconds of the calls that compiled them and the calls refused one."""
         figures = {
@@ -130,6 +132,10 @@ class HFEngine:
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
             "perf/hf_fused_decode_off": float(self.stats["fused_decode_off"]),
         }
+        fused = self._fused
+        if fused is not None and fused.pack and fused.wide:
+            # Packed oneDNN linears were possible for this width: 0 says they were off (not a CPU float32 model, no oneDNN).
+            figures["perf/hf_packed_linears"] = float(fused.packed)
         if self.compiled_generate is not None:
             figures.update(self.compiled_generate.metrics())
         if self.decode == "fused_compiled":
@@ -353,7 +359,7 @@ class HFEngine:
         if self._fused is None and self._fused_off_reason is None:
             self._fused_off_reason = fused_decode_unsupported(self.model)
             if self._fused_off_reason is None:
-                self._fused = FusedDecoder(self.model)
+                self._fused = FusedDecoder(self.model, pack=self.decode == "fused")
         if self._fused is not None and past is not None and all(type(layer) is GrowingLayer for layer in past.layers):
             self._fused.refresh(self._weights_state)
             return self._fused

@@ -143,7 +143,6 @@ def training_at(args, target_params: int, hidden_size: int) -> dict:
         def training_step(self, batch, batch_idx: int) -> None:
             torch.cuda.synchronize()
             start = time.perf_counter()
-            self.last_experience = self.experience
             self.optimize(self.experience)
             torch.cuda.synchronize()
             self.times.append(time.perf_counter() - start)

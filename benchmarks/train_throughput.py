@@ -161,7 +161,6 @@ class BenchModule(R3LightningModule):
 
     def _ours(self, log_entropy: bool) -> float:
         self.log_entropy = log_entropy
-        self.last_experience = self.experience
         stats = self.optimize(self.experience)
         return stats["train/loss"]
 

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from r3lightning.callbacks.update_size import update_kl
 from r3lightning.data.components import TEACHER_CHECK, ComponentCheck, component_checks
+from r3lightning.types import ExperienceBatch, step_output
 
 
 class InertComponentError(ValueError):
@@ -105,10 +106,11 @@ class ComponentHealth(L.Callback):
         self.findings = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        metrics = getattr(pl_module, "last_step_metrics", {}) or {}
+        step = step_output(outputs)  # the step's own scalars (``trainer.callback_metrics`` keeps stale ones)
+        metrics = step["metrics"]
         if metrics.get("train/phase_rl", 0.0) != 1.0:
             return
-        self._check_update_size(trainer, pl_module)
+        self._check_update_size(trainer, pl_module, step["experience"])
         if getattr(pl_module, "teacher", None) is not None and getattr(pl_module, "teacher_kl_coef", 0.0) > 0:
             if not any(t.check is TEACHER_CHECK for t in self.tallies):
                 self.tallies.append(_Tally(TEACHER_CHECK))
@@ -119,8 +121,7 @@ class ComponentHealth(L.Callback):
                 tally.add(metrics)
         self._judge([t for t in self.tallies if not t.judged and t.steps >= self.after_steps])
 
-    def _check_update_size(self, trainer, pl_module) -> None:
-        experience = getattr(pl_module, "last_experience", None)
+    def _check_update_size(self, trainer, pl_module, experience: Optional[ExperienceBatch]) -> None:
         if self.update_kl_max is None or experience is None or getattr(pl_module, "policy", None) is None:
             return
         measured = update_kl(pl_module.policy, experience, self.update_kl_rows)

@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from r3lightning.callbacks.monitor import log_dir_of
 from r3lightning.data.state_checks import expect_number, expect_type
+from r3lightning.types import Trajectory, step_output
 
 BAD_STEPS_CHECKPOINT = "bad_steps_stop.ckpt"
 EXCEPTION_CHECKPOINT = "exception.ckpt"
@@ -107,16 +108,17 @@ class HealthWatchdog(L.Callback):
         values = {"health/consecutive_bad_steps": float(bad)}
         if limit > 0 and bad >= limit and self.stop_checkpoint is None:
             self._stop_on_bad_steps(trainer, pl_module, bad)
-        values.update(self._check_dynamics(trainer, pl_module))
+        trajectories = step_output(outputs)["trajectories"]
+        values.update(self._check_dynamics(trainer, pl_module, trajectories))
         pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
         if self.stop_on_failed_rewards:
-            self._stop_if_no_reward(trainer, pl_module)
+            self._stop_if_no_reward(trainer, trajectories)
 
-    def _stop_if_no_reward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Raise ``NoRewardError`` when every fresh sample of this RL step had its reward fail."""
+    def _stop_if_no_reward(self, trainer: L.Trainer, trajectories: list[Trajectory]) -> None:
+        """Raise ``NoRewardError`` when every fresh sample of this RL step (``trajectories``) had its reward fail."""
         if float(trainer.callback_metrics.get("train/phase_rl", 0.0)) < 1.0:
             return
-        fresh = [t for t in getattr(pl_module, "last_trajectories", []) if t.origin == "base"]
+        fresh = [t for t in trajectories if t.origin == "base"]
         if not fresh or not all(t.reward_error for t in fresh):
             return
         first = fresh[0]
@@ -206,7 +208,7 @@ class HealthWatchdog(L.Callback):
         )
 
     # ---- dynamics warnings ------------------------------------------------------------------------
-    def _check_dynamics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+    def _check_dynamics(self, trainer: L.Trainer, pl_module: L.LightningModule, trajectories: list[Trajectory] = ()) -> dict[str, float]:
         metrics = trainer.callback_metrics
         if float(metrics.get("train/phase_rl", 0.0)) < 1.0:
             return {}
@@ -271,7 +273,7 @@ class HealthWatchdog(L.Callback):
         errors = float(metrics.get("reward/error_rate", 0.0))
         out["health/reward_errors"] = float(errors > 0)
         if errors > 0:
-            failed = next((t.env_error for t in getattr(pl_module, "last_trajectories", []) if t.env_error), "")
+            failed = next((t.env_error for t in trajectories if t.env_error), "")
             self._warn(
                 "reward_errors",
                 f"{100 * errors:.0f}% of this step's samples got no usable reward (the reward function or environment "

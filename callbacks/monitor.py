@@ -27,7 +27,7 @@ from torchmetrics import MeanMetric, SumMetric
 from r3lightning.algos import kl_estimate
 from r3lightning.callbacks.vllm_sync import VLLMWeightSync
 from r3lightning.training.log_dir import log_dir_of  # noqa: F401 (the callbacks import it from here)
-from r3lightning.types import Trajectory
+from r3lightning.types import Trajectory, step_output
 
 
 class TrainingDynamicsMonitor(L.Callback):
@@ -85,7 +85,8 @@ class TrainingDynamicsMonitor(L.Callback):
             if metric.device != pl_module.device:
                 metric.to(pl_module.device)
         values: dict[str, float] = {}
-        experience = getattr(pl_module, "last_experience", None)
+        step = step_output(outputs)
+        experience = step["experience"]
         if experience is not None:
             values.update(advantage_stats(experience.advantages, experience.loss_mask))
             loss_mask = experience.loss_mask[:, 1:].float()
@@ -100,13 +101,13 @@ class TrainingDynamicsMonitor(L.Callback):
                     mean = float((kl * loss_mask).sum()) / max(rl_tokens, 1.0)
                     values.update(self._sync(f"train/kl_{estimator}", mean, weight=rl_tokens))
         if trainer.world_size > 1:
-            rl = [t for t in getattr(pl_module, "last_trajectories", []) if not t.is_sft]
+            rl = [t for t in step["trajectories"] if not t.is_sft]
             n = float(len(rl))
             reward = sum(t.reward for t in rl) / max(n, 1.0)
             success = sum(float(t.success) for t in rl) / max(n, 1.0)
             values.update(self._sync("reward/mean_all_ranks", reward, weight=n))
             values.update(self._sync("reward/success_rate_all_ranks", success, weight=n))
-        rl_lengths = [t.num_response_tokens for t in getattr(pl_module, "last_trajectories", None) or [] if not t.is_sft]
+        rl_lengths = [t.num_response_tokens for t in step["trajectories"] if not t.is_sft]
         values.update(length_spread(rl_lengths))
         values.update(peak_memory_gb(pl_module.device))
         engine = getattr(pl_module, "engine", None)
@@ -212,7 +213,7 @@ class RolloutSampleLogger(L.Callback):
             return  # without a logger (logger: false) there is no run directory to write to
         if step % self.every_n_steps != 0 and self._last_step >= 0:
             return
-        trajectories = list(getattr(pl_module, "last_trajectories", []) or [])
+        trajectories = list(step_output(outputs)["trajectories"])
         if not trajectories:
             return
         self._last_step = step

@@ -15,6 +15,7 @@ import torch
 
 from r3lightning.callbacks.monitor import log_dir_of
 from r3lightning.data.state_checks import expect_int, expect_number, expect_type
+from r3lightning.types import step_output
 
 
 ROLLOUT_FIGURES = (
@@ -133,7 +134,7 @@ class PhaseReport(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         # The step's own scalars: ``trainer.callback_metrics`` keeps stale values of tags a step did not log.
-        metrics = getattr(pl_module, "last_step_metrics", {}) or {}
+        metrics = step_output(outputs)["metrics"]
         for name in ROLLOUT_FIGURES + RECORDED_FIGURES:
             if name in metrics:
                 self.rollout_sums[name] = self.rollout_sums.get(name, 0.0) + float(metrics[name])

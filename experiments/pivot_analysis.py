@@ -48,7 +48,7 @@ class PivotRecorder(L.Callback):
         suite = trainer.datamodule.suite
         tasks = {task.task_id: task for task in batch.tasks}
         previous = None
-        for trajectory in module.last_trajectories:
+        for trajectory in outputs["trajectories"]:
             if trajectory.origin == "distilled" and previous is not None and previous.task_id == trajectory.task_id:
                 self.retries.append(retry_record(trainer.global_step, tasks[trajectory.task_id], previous, trajectory))
             previous = trajectory

@@ -4,8 +4,9 @@
 its producer, the warm-start's demonstrations or the datamodule's rollouts of the step's tasks with the
 current weights (either gives a ``StepRollout``; the first step of ReflectRL's distillation phase first
 takes its frozen teacher, ``r3lightning.training.distillation``), ``make_experience`` turns them into an
-ExperienceBatch (R³'s ranking then adjusts its failures' advantages from this module's entropies), and ``optimize`` updates
-in micro-batches with manual optimization. Every loss is normalized by the *global* number of loss
+ExperienceBatch (R³'s ranking then adjusts its failures' advantages from this module's entropies),
+``optimize`` updates in micro-batches with manual optimization, and the step returns a ``StepOutput``
+(its metrics, trajectories and experience), which Lightning hands to the callbacks. Every loss is normalized by the *global* number of loss
 tokens (or sequences) of the step, all-reduced over ranks, so the result does not depend on how the
 batch was split into micro-batches or ranks. The forwards are in ``r3lightning.training.forward``, the loss in
 ``r3lightning.training.loss``. The module uses the datamodule through ``connect``, ``rollout``, ``demonstrations`` and
@@ -45,7 +46,7 @@ from r3lightning.training.phases import Phase, PhaseSchedule
 from r3lightning.engines.base import RolloutEngine
 from r3lightning.engines.config import EngineConfig, build_engine
 from r3lightning.rollout.metrics import experience_metrics, objective_activity, trajectory_metrics
-from r3lightning.types import ExperienceBatch, Trajectory
+from r3lightning.types import ExperienceBatch, StepOutput
 
 
 class R3LightningModule(L.LightningModule):
@@ -122,14 +123,10 @@ class R3LightningModule(L.LightningModule):
         self.engine: Optional[RolloutEngine] = None
         self.skipped_steps = 0
         self.consecutive_bad_steps = 0
-        self.last_experience: Optional[ExperienceBatch] = None
-        self.last_trajectories: list[Trajectory] = []
         self.set_teacher(None)
         self.distillation = Distillation()
+        # R³'s ranking activity of the last RL step that ranked (logged by every RL step with the ranking on).
         self.last_ranking = RankingActivity()
-        # The last training step's logged scalars (callbacks read them: ``trainer.callback_metrics`` keeps
-        # stale values of tags a step did not log).
-        self.last_step_metrics: dict[str, float] = {}
         self.prefix_forward = PrefixSharedForward()
         # One MeanMetric per validation figure (``data.evaluation.validation_names``), made for the first
         # validation batch (it says how many samples per task); averaged over tasks and ranks.
@@ -203,7 +200,7 @@ class R3LightningModule(L.LightningModule):
         return self.phases.at(self.global_step)
 
     # ---- the training step ----------------------------------------------------------------------
-    def training_step(self, batch: TaskBatch, batch_idx: int) -> None:
+    def training_step(self, batch: TaskBatch, batch_idx: int) -> StepOutput:
         phase, step = self.phase, self.global_step
         if phase.name == "distill" and not self.distillation.begun:
             self.distillation.begin(self)  # the frozen teacher, before the phase's first rollout
@@ -220,12 +217,13 @@ class R3LightningModule(L.LightningModule):
         if phase.is_rl:
             self.rank_failures(experience, rollout)
         timings["reward"] = time.perf_counter() - start
-        self.last_trajectories, self.last_experience = trajectories, experience
         start = time.perf_counter()
         stats = self.optimize(experience)
         timings["train"] = time.perf_counter() - start
-        self.last_step_metrics = self.step_metrics(phase, rollout, experience, stats, timings)
-        self.log_step_metrics(self.last_step_metrics, step)
+        metrics = self.step_metrics(phase, rollout, experience, stats, timings)
+        self.log_step_metrics(metrics, step)
+        # Lightning hands this to every callback's ``on_train_batch_end`` as ``outputs``.
+        return StepOutput(loss=torch.tensor(metrics["train/loss"]), metrics=metrics, trajectories=trajectories, experience=experience)
 
     def stamp_weight_version(self, version: int) -> None:
         """The one writer of ``engine.weight_version``, the version of the weights the engine samples with
@@ -352,7 +350,7 @@ class R3LightningModule(L.LightningModule):
                     sums[name] = max(sums.get(name, value), value) if name == "ratio_max" else sums.get(name, 0.0) + value
             if self._sums_gradients_itself() and self.trainer.world_size > 1:
                 sum_gradients_over_ranks([p for p in self.policy.parameters() if p.requires_grad])
-            stats = self._finish_update(optimizer, sums)
+            stats = self._finish_update(optimizer, sums, float(rl_mask.sum()))
             if self.log_grad_variance:
                 stats.update(gradients.figures() if gradients is not None else {"train/policy_grad_chunks": 0.0})
         stats["perf/train_forward_token_frac"] = self.prefix_forward.token_fraction()
@@ -435,7 +433,8 @@ class R3LightningModule(L.LightningModule):
         terms = loss_terms(micro, logp, logits, start, self.algorithm, totals, sft_weight, kl_to_teacher, self.teacher_kl_coef)
         return {**terms.losses, **loss_diagnostics(micro, logp, logits, start, terms, self.log_entropy, in_context)}
 
-    def _finish_update(self, optimizer, sums: dict[str, float]) -> dict[str, float]:
+    def _finish_update(self, optimizer, sums: dict[str, float], rl_tokens: float) -> dict[str, float]:
+        """Clip, step (or skip a non-finite step) and the update's figures; ``rl_tokens``: this rank's RL loss tokens."""
         clip = self.optim_config.grad_clip
         max_norm = clip if clip > 0 else float("inf")
         wrapped = self.trainer.model
@@ -446,7 +445,6 @@ class R3LightningModule(L.LightningModule):
             params = [p for p in self.policy.parameters() if p.requires_grad]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         finite = math.isfinite(sums.get("loss", 0.0)) and bool(torch.isfinite(grad_norm))
-        rl_tokens = float(self.last_experience.loss_mask[:, 1:].sum()) if self.last_experience is not None else 0.0
         stats = {
             "train/loss": sums.get("loss", 0.0),
             "train/grad_norm": float(grad_norm),

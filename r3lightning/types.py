@@ -1,4 +1,5 @@
-"""The one vocabulary of r3lightning: Turn, Trajectory, Group, ExperienceBatch (docs/design.md).
+"""The one vocabulary of r3lightning: Turn, Trajectory, Group, ExperienceBatch, and what a training step
+gives its callbacks, StepOutput (docs/design.md).
 
 Token bookkeeping is incremental: a turn stores only the tokens that were *added* to the context
 before it (``context_ids``: the whole prompt for the first turn, the rendered environment message
@@ -10,7 +11,7 @@ knows which turn produced it. Nothing is ever re-tokenized from text afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Mapping, Optional, TypedDict
 
 import torch
 
@@ -256,3 +257,29 @@ class ExperienceBatch:
     def slice(self, start: int, end: int) -> "ExperienceBatch":
         """Rows ``start:end``, trimmed to the longest row in them."""
         return self.take(torch.arange(start, min(end, len(self))))
+
+
+class StepOutput(TypedDict):
+    """What ``R3LightningModule.training_step`` returns: Lightning hands it to every callback's
+    ``on_train_batch_end(trainer, module, outputs, batch, batch_idx)`` as ``outputs`` (``step_output``
+    reads it).
+
+    loss: the step's loss (a detached scalar tensor; ``train/loss``).
+    metrics: every scalar the step logged (``trainer.callback_metrics`` also keeps stale values of tags
+        an earlier step logged and this one did not).
+    trajectories: the step's trajectories, RL and SFT rows.
+    experience: the collated batch the step trained on (None for a step that returned nothing).
+    """
+
+    loss: Optional[torch.Tensor]
+    metrics: dict[str, float]
+    trajectories: list[Trajectory]
+    experience: Optional[ExperienceBatch]
+
+
+def step_output(outputs: Any) -> StepOutput:
+    """``on_train_batch_end``'s ``outputs`` as a ``StepOutput``: empty (no metrics, trajectories or
+    experience) where the step returned nothing (a module whose ``training_step`` returns None)."""
+    given = outputs if isinstance(outputs, Mapping) else {}
+    return StepOutput(loss=given.get("loss"), metrics=given.get("metrics", {}), trajectories=given.get("trajectories", []),
+                      experience=given.get("experience"))

@@ -30,6 +30,7 @@ from r3lightning.training.phases import PhaseSchedule, WarmStartPhase
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from r3lightning.engines.base import SamplingParams
 from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.types import StepOutput, step_output
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -83,6 +84,17 @@ def quiet_trainer(max_steps: int, **overrides) -> L.Trainer:
     validation; ``overrides`` replace any of these (``limit_val_batches=1``, ``logger=...``) or add
     other Trainer arguments (``callbacks``, ``default_root_dir``, ``strategy``...)."""
     return L.Trainer(max_steps=max_steps, **{**QUIET, **overrides})
+
+
+class LastStep(L.Callback):
+    """Keeps the last training step's ``StepOutput`` (``training_step``'s return value, the ``outputs`` of
+    ``on_train_batch_end``: its metrics, trajectories and experience) for a test to read after ``fit``."""
+
+    def __init__(self) -> None:
+        self.output: StepOutput = step_output(None)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.output = step_output(outputs)
 
 
 def module_and_data(

@@ -20,7 +20,7 @@ import pytest
 import torch
 from hanging_suite import HangingSuite
 import yaml
-from harness import ARITHMETIC, TINY_CLI_RUN, TINY_SPEC, module_and_data, quiet_trainer
+from harness import ARITHMETIC, TINY_CLI_RUN, TINY_SPEC, LastStep, module_and_data, quiet_trainer
 
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning import algos
@@ -154,21 +154,23 @@ def test_tokenizer_without_chat_template(tmp_path):
 
 # ---- rollouts that go wrong during training ---------------------------------------------------------
 def fit(suite, steps=1, agent=None, algorithm=None, callbacks=(), max_new_tokens=6, tmp_path=None, explorer=None):
+    """Train ``steps`` steps; the last step's ``StepOutput`` and the logged scalars."""
     module, dm = module_and_data(
         suite, explorer=explorer, max_new_tokens=max_new_tokens, agent=agent,
         algorithm=algorithm or AlgorithmConfig(policy_loss="ppo_clip"), micro_batch_size=3,
     )
-    trainer = quiet_trainer(steps, callbacks=list(callbacks), default_root_dir=tmp_path)
+    last = LastStep()
+    trainer = quiet_trainer(steps, callbacks=[*callbacks, last], default_root_dir=tmp_path)
     trainer.fit(module, dm)
     assert trainer.global_step == steps and module.skipped_steps == 0
-    return module, {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return last.output, {k: float(v) for k, v in trainer.callback_metrics.items()}
 
 
 def test_hanging_reward_is_cut_masked_counted_and_training_completes(tmp_path, capsys):
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=128, step_timeout_s=0.3)
-    module, metrics = fit(HangingSuite(), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
+    step, metrics = fit(HangingSuite(), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
     assert metrics["reward/error_rate"] == 0.5 and metrics["rollout/env_error_rate"] == 0.5
-    hung = [t for t in module.last_trajectories if t.reward_error]
+    hung = [t for t in step["trajectories"] if t.reward_error]
     assert len(hung) == 4 and all("did not return within 0.3s" in t.env_error for t in hung)
     assert metrics["reward/mean"] == 0.5  # the hung samples count as reward 0 and are masked out of the loss
     assert "health warning (reward_errors)" in capsys.readouterr().out
@@ -245,7 +247,7 @@ def test_one_overlong_row_among_the_first_tasks_is_skipped_and_named_once_not_fa
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=256)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        module, metrics = fit(OneLongRowSuite(**ARITHMETIC), steps=1, agent=agent, tmp_path=tmp_path)
+        step, metrics = fit(OneLongRowSuite(**ARITHMETIC), steps=1, agent=agent, tmp_path=tmp_path)
     named = [str(w.message) for w in caught if "jsonl:tasks.jsonl#row0" in str(w.message)]
     assert len(named) == 1, named
     assert re.fullmatch(
@@ -253,7 +255,7 @@ def test_one_overlong_row_among_the_first_tasks_is_skipped_and_named_once_not_fa
         r"\(256\); its episodes are skipped .*rollout/prompt_too_long_rate\). Drop or shorten that row, or raise "
         r"data.agent.max_context_tokens", named[0],
     ), named[0]
-    skipped = [t for t in module.last_trajectories if t.task_id == "jsonl:tasks.jsonl#row0"]
+    skipped = [t for t in step["trajectories"] if t.task_id == "jsonl:tasks.jsonl#row0"]
     assert skipped and all(not t.turns and t.end_reason == "context_limit" for t in skipped)
     assert 0 < metrics["rollout/prompt_too_long_rate"] < 1
 
@@ -268,9 +270,9 @@ def test_overlong_generations_are_cut_at_the_context_limit_and_counted(monkeypat
     chat = ChatFormatter(tokenizer, suite.system_prompt)
     longest_prompt = max(len(chat.first_prompt(suite.train_task(i).prompt)) for i in range(2))
     limit = longest_prompt + 3
-    module, metrics = fit(suite, agent=AgentLoopConfig(action_format="raw", max_context_tokens=limit), max_new_tokens=12)
+    step, metrics = fit(suite, agent=AgentLoopConfig(action_format="raw", max_context_tokens=limit), max_new_tokens=12)
     assert metrics["rollout/truncated_rate"] == 1.0 and metrics["rollout/prompt_too_long_rate"] == 0.0
-    for t in module.last_trajectories:
+    for t in step["trajectories"]:
         assert t.end_reason == "context_limit" and len(t.token_ids()) <= limit
         assert 0 < t.num_response_tokens <= 3
 
@@ -278,8 +280,8 @@ def test_overlong_generations_are_cut_at_the_context_limit_and_counted(monkeypat
 def test_prompts_longer_than_the_context_end_the_episode_and_are_counted(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(RolloutDataModule, "check_prompt_room", lambda self: None)
     agent = AgentLoopConfig(action_format="raw", max_context_tokens=5)
-    module, metrics = fit(MathSuite(**ARITHMETIC), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
-    assert all(not t.turns and t.end_reason == "context_limit" for t in module.last_trajectories)
+    step, metrics = fit(MathSuite(**ARITHMETIC), steps=2, agent=agent, callbacks=[HealthWatchdog()], tmp_path=tmp_path)
+    assert all(not t.turns and t.end_reason == "context_limit" for t in step["trajectories"])
     assert metrics["rollout/prompt_too_long_rate"] == 1.0 and metrics["rollout/truncated_rate"] == 1.0
     assert metrics["train/rl_tokens"] == 0
     assert "health warning (prompt_too_long)" in capsys.readouterr().out

@@ -21,13 +21,12 @@ def feed(callback: ComponentHealth, steps: list[dict], explorer=None, algorithm=
     """Run ``callback`` over RL steps whose logged scalars are ``steps``, as a fit would."""
     dm = SimpleNamespace(explorer=explorer or SampleExplorer(), replay=replay or ReplayConfig(),
                          agent=AgentLoopConfig(action_format="raw"))
-    module = SimpleNamespace(algorithm=algorithm or AlgorithmConfig(), teacher=teacher, teacher_kl_coef=0.05 if teacher else 0.0,
-                             last_step_metrics={})
+    module = SimpleNamespace(algorithm=algorithm or AlgorithmConfig(), teacher=teacher, teacher_kl_coef=0.05 if teacher else 0.0)
     trainer = SimpleNamespace(datamodule=dm)
     callback.setup(trainer, module, "fit")
     for metrics in steps:
-        module.last_step_metrics = {"train/phase_rl": 1.0, "rollout/generated_tokens": 10.0, **metrics}
-        callback.on_train_batch_end(trainer, module, None, None, 0)
+        outputs = {"metrics": {"train/phase_rl": 1.0, "rollout/generated_tokens": 10.0, **metrics}}  # training_step's return
+        callback.on_train_batch_end(trainer, module, outputs, None, 0)
     callback.on_fit_end(trainer, module)
     return callback
 

@@ -30,7 +30,7 @@ class Expected(L.Callback):
         self.rows = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        e = module.last_experience
+        e = outputs["experience"]
         m = trainer.callback_metrics
         if e.ref_logprobs is None:  # SFT warm-up step: no reference log-probs, no KL logged
             assert "train/kl_k1" not in m
@@ -94,8 +94,8 @@ def test_monitor_and_sample_logger_write_tags_text_and_jsonl(tmp_path):
 def test_sample_logger_writes_nothing_without_a_logger(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trainer = SimpleNamespace(global_step=1, is_global_zero=True, loggers=[], log_dir=None, default_root_dir=str(tmp_path))
-    module = SimpleNamespace(last_trajectories=[Trajectory("t", [])], tokenizer=None)
-    RolloutSampleLogger(every_n_steps=1).on_train_batch_end(trainer, module, None, None, 0)
+    module = SimpleNamespace(tokenizer=None)
+    RolloutSampleLogger(every_n_steps=1).on_train_batch_end(trainer, module, {"trajectories": [Trajectory("t", [])]}, None, 0)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -27,9 +27,9 @@ def test_summary_names_warmup_and_final_and_averages_rl_retry_figures(tmp_path, 
     module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=10)))
     report.on_validation_end(_trainer(tmp_path, 10, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}), module)
     for step, rate in ((11, 0.5), (12, 0.0), (13, 0.25)):
-        # The step's own scalars come from the module (``callback_metrics`` keeps stale values).
-        module.last_step_metrics = {"rollout/retry_improvement_rate": rate, "train/loss": 1.0}
-        report.on_train_batch_end(_trainer(tmp_path, step, {}), module, None, None, 0)
+        # The step's own scalars come with its output (``callback_metrics`` keeps stale values).
+        outputs = {"metrics": {"rollout/retry_improvement_rate": rate, "train/loss": 1.0}}
+        report.on_train_batch_end(_trainer(tmp_path, step, {}), module, outputs, None, 0)
     report.on_validation_end(_trainer(tmp_path, 20, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
 
     resumed = PhaseReport()
@@ -78,8 +78,7 @@ def test_fit_end_plots_progress_and_says_where_the_files_are(tmp_path, capsys):
     module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=2)))
     _validate(report, tmp_path, 2, {"val/success_rate_greedy": 0.25, "val/success_rate": 0.125}, module)
     for step, reward in ((3, 0.1), (4, 0.3)):
-        module.last_step_metrics = {"reward/mean": reward}
-        report.on_train_batch_end(_trainer(tmp_path, step, {}), module, None, None, 0)
+        report.on_train_batch_end(_trainer(tmp_path, step, {}), module, {"metrics": {"reward/mean": reward}}, None, 0)
     _validate(report, tmp_path, 4, {"val/success_rate_greedy": 0.5, "val/success_rate": 0.25, "val/pass@4": 0.75}, module)
 
     resumed = PhaseReport()

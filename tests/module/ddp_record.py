@@ -46,8 +46,8 @@ class DDPRecord(L.Callback):
             # The rank's shard as the stream documents it: indices (step * W + rank) * n ... + n - 1.
             "shard": shard,
             "shard_task_ids": [trainer.datamodule.suite.train_task(i).task_id for i in shard],
-            "rl_tokens": float(module.last_experience.loss_mask[:, 1:].sum()),
-            "micro_batches": len(module.last_experience.micro_batches(module.optim_config.micro_batch_size)),
+            "rl_tokens": float(outputs["experience"].loss_mask[:, 1:].sum()),
+            "micro_batches": len(outputs["experience"].micro_batches(module.optim_config.micro_batch_size)),
             "rl_tokens_all_ranks": float(metrics["train/rl_tokens_all_ranks"]),
             "reductions": self.reductions,
             "reward_mean": float(metrics["reward/mean"]) if "reward/mean" in metrics else None,

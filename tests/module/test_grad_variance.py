@@ -6,13 +6,14 @@ import math
 
 import torch
 from digit_suite import DigitSuite
-from harness import module_and_data, quiet_trainer
+from harness import LastStep, module_and_data, quiet_trainer
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.algos.premise import gradient_variance
 
 
 def one_step(log_grad_variance, micro_batch_size):
+    """One training step: the module, each micro-batch's policy-loss gradient and the step's logged scalars."""
     torch.manual_seed(0)
     module, dm = module_and_data(DigitSuite(), micro_batch_size=micro_batch_size, group_size=4, tasks_per_step=2,
                                  algorithm=AlgorithmConfig(policy_loss="pg"), log_grad_variance=log_grad_variance)
@@ -27,27 +28,27 @@ def one_step(log_grad_variance, micro_batch_size):
         return losses
 
     module.micro_batch_loss = recorded
-    quiet_trainer(1, deterministic=True).fit(module, dm)
-    return module, chunks
+    last = LastStep()
+    quiet_trainer(1, deterministic=True, callbacks=[last]).fit(module, dm)
+    return module, chunks, last.output["metrics"]
 
 
 def test_the_variance_of_the_micro_batch_gradients_is_logged_and_the_update_is_unchanged():
-    module, chunks = one_step(True, micro_batch_size=2)
-    metrics = module.last_step_metrics
+    module, chunks, metrics = one_step(True, micro_batch_size=2)
     assert metrics["train/policy_grad_chunks"] == len(chunks) == 4
     g = torch.stack(chunks)
     variance, relative = gradient_variance(g.pow(2).sum(-1), float(g.sum(0).pow(2).sum()))
     assert variance > 0
     assert math.isclose(metrics["train/policy_grad_var"], variance, rel_tol=1e-5)
     assert math.isclose(metrics["train/policy_grad_var_rel"], relative, rel_tol=1e-5)
-    plain, _ = one_step(False, micro_batch_size=2)
-    assert "train/policy_grad_chunks" not in plain.last_step_metrics
+    plain, _, plain_metrics = one_step(False, micro_batch_size=2)
+    assert "train/policy_grad_chunks" not in plain_metrics
     for (name, a), b in zip(module.policy.state_dict().items(), plain.policy.state_dict().values()):
         assert torch.equal(a, b), name  # the extra backward leaves the update as it was
     assert 0 < metrics["train/entropy_rl"] <= math.log(module.policy.config.vocab_size)
 
 
 def test_one_micro_batch_counts_itself_and_logs_no_variance():
-    module, _ = one_step(True, micro_batch_size=64)
-    assert module.last_step_metrics["train/policy_grad_chunks"] == 1.0
-    assert "train/policy_grad_var" not in module.last_step_metrics
+    _, _, metrics = one_step(True, micro_batch_size=64)
+    assert metrics["train/policy_grad_chunks"] == 1.0
+    assert "train/policy_grad_var" not in metrics

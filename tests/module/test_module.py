@@ -4,7 +4,7 @@
 import lightning as L
 import pytest
 import torch
-from harness import TINY_SPEC, module_and_data, quiet_trainer, weights_changed
+from harness import TINY_SPEC, LastStep, module_and_data, quiet_trainer, weights_changed
 
 from r3lightning.training.models import build_tiny_model
 from r3lightning.algos.objective import AlgorithmConfig
@@ -26,7 +26,7 @@ class WeightWatcher(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.after_update[trainer.global_step] = self.fingerprint(module)
-        assert all(t.model_version == trainer.global_step - 1 for t in module.last_trajectories)
+        assert all(t.model_version == trainer.global_step - 1 for t in outputs["trajectories"])
 
     @staticmethod
     def fingerprint(module):
@@ -84,9 +84,9 @@ def _gradients(module, experience):
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
 def test_gradient_independent_of_micro_batch_size(aggregation):
     module, dm = module_and_data(algorithm=AlgorithmConfig(policy_loss="ppo_clip", aggregation=aggregation))
-    t = quiet_trainer(1)
-    t.fit(module, dm)
-    experience = module.last_experience
+    last = LastStep()
+    quiet_trainer(1, callbacks=[last]).fit(module, dm)
+    experience = last.output["experience"]
     experience.advantages = torch.randn_like(experience.advantages) * experience.loss_mask
     module.optim_config.micro_batch_size = len(experience)
     full = _gradients(module, experience)
@@ -98,8 +98,9 @@ def test_gradient_independent_of_micro_batch_size(aggregation):
 @pytest.mark.parametrize("sft_aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_sft_aggregation_value_and_micro_batch_independence(sft_aggregation):
     module, dm = module_and_data(sft_steps=1, algorithm=AlgorithmConfig(sft_aggregation=sft_aggregation, sft_weight=1.0))
-    quiet_trainer(1).fit(module, dm)
-    experience = module.last_experience  # demonstrations: SFT tokens only
+    last = LastStep()
+    quiet_trainer(1, callbacks=[last]).fit(module, dm)
+    experience = last.output["experience"]  # demonstrations: SFT tokens only
     module.optim_config.micro_batch_size = len(experience)
     full = _gradients(module, experience)
     module.optim_config.micro_batch_size = 3
@@ -123,7 +124,7 @@ def test_sft_phase_then_rl_phase_and_phase_in_checkpoint(tmp_path):
 
     class PhaseSpy(L.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            phases.append((module.last_trajectories[0].origin, trainer.callback_metrics["train/phase_rl"].item()))
+            phases.append((outputs["trajectories"][0].origin, trainer.callback_metrics["train/phase_rl"].item()))
 
     t = quiet_trainer(4, callbacks=[PhaseSpy()])
     t.fit(module, dm)
@@ -204,9 +205,10 @@ def test_logratio_per_origin_is_zero_for_fresh_samples():
     """train/logratio_<origin>: the trainer's log-probs of freshly sampled tokens, before the update,
     equal the engine's, so the gap it reports for distilled rows is the context's, not numerics'."""
     module, dm = module_and_data(algorithm=AlgorithmConfig(policy_loss="pg"))
-    t = quiet_trainer(1)
+    last = LastStep()
+    t = quiet_trainer(1, callbacks=[last])
     t.fit(module, dm)
-    assert set(module.last_experience.origins) == {"base"}
+    assert set(last.output["experience"].origins) == {"base"}
     assert abs(float(t.callback_metrics["train/logratio_base"])) < 1e-4
     assert not any(tag.startswith("train/logratio_") and tag != "train/logratio_base" for tag in t.callback_metrics)
 

@@ -40,7 +40,7 @@ class RewardLog(L.Callback):
         self.rows = {}
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        rl_step = module.last_trajectories[0].origin != "demo"
+        rl_step = outputs["trajectories"][0].origin != "demo"
         reward = float(trainer.callback_metrics["reward/mean"]) if rl_step else None
         self.rows[trainer.global_step] = (reward, [t.task_id for t in batch.tasks])
 

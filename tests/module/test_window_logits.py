@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 import torch
-from harness import module_and_data, quiet_trainer
+from harness import LastStep, module_and_data, quiet_trainer
 
 from r3lightning.algos.objective import AlgorithmConfig
 from r3lightning.training.forward import window_start
@@ -14,8 +14,9 @@ from r3lightning.training.forward import window_start
 @pytest.fixture(scope="module")
 def trained():
     module, dm = module_and_data(algorithm=AlgorithmConfig(policy_loss="ppo_clip"), group_size=4, tasks_per_step=3)
-    quiet_trainer(1).fit(module, dm)
-    experience = module.last_experience
+    last = LastStep()
+    quiet_trainer(1, callbacks=[last]).fit(module, dm)
+    experience = last.output["experience"]
     experience.advantages = torch.randn(experience.advantages.shape, generator=torch.Generator().manual_seed(0))
     experience.advantages *= experience.loss_mask
     return module, experience

@@ -3,7 +3,7 @@ sample, budget parity, metrics, the shaping loss in the module, and the preset."
 
 import pytest
 import torch
-from harness import module_and_data, preset, quiet_trainer, weights_changed
+from harness import LastStep, module_and_data, preset, quiet_trainer, weights_changed
 from scripted_engine import ScriptedEngine, UseEngine, scripted_arithmetic, world_player
 
 from r3lightning import algos
@@ -132,24 +132,25 @@ def test_single_turn_math_refinement():
 @pytest.fixture(scope="module")
 def trained(world_suite):
     """One training step of the critique_grpo preset on the procedural world: every initial sample
-    fails, every refinement succeeds."""
+    fails, every refinement succeeds. The module, the trainer and the step's trajectories."""
     algorithm, explorer = preset("critique_grpo")
     module, dm = module_and_data(
         world_suite, explorer=explorer, algorithm=algorithm, max_new_tokens=8, agent=AgentLoopConfig(max_context_tokens=768)
     )
     tasks = [world_suite.train_task(i) for i in range(2)]
-    trainer = quiet_trainer(1, callbacks=[UseEngine(lambda suite: world_player(suite, tasks, ["act on the goal"]))])
+    last = LastStep()
+    trainer = quiet_trainer(1, callbacks=[UseEngine(lambda suite: world_player(suite, tasks, ["act on the goal"])), last])
     trainer.fit(module, dm)
-    return module, trainer
+    return module, trainer, last.output["trajectories"]
 
 
 def test_critique_grpo_preset_trains_one_step(trained):
-    module, trainer = trained
+    module, trainer, trajectories = trained
     assert isinstance(module.trainer.datamodule.explorer, CritiqueRefineExplorer)
     algorithm = module.algorithm
     assert (algorithm.advantage, algorithm.policy_loss, algorithm.off_policy_gamma) == ("dr_grpo", "ppo_clip", 0.1)
     assert algorithm.aggregation == "seq_mean_token_sum"  # the paper: no division by the response length
-    origins = [t.origin for t in module.last_trajectories]
+    origins = [t.origin for t in trajectories]
     assert origins == ["base", "base", "base", "off_policy"] * 2
     assert any(weights_changed(module))
     metrics = trainer.callback_metrics
@@ -160,8 +161,8 @@ def test_critique_grpo_preset_trains_one_step(trained):
 def test_off_policy_rows_get_the_shaping_loss_and_no_ratio(trained):
     """Hand-computed loss of one base row (PPO clip) and one off-policy row (−A·π/(π+γ)); the
     off-policy row's behaviour log-probs are absurd on purpose and must not matter."""
-    module, _ = trained
-    base, refinement = module.last_trajectories[0], module.last_trajectories[3]
+    module, _, trajectories = trained
+    base, refinement = trajectories[0], trajectories[3]
     assert refinement.origin == "off_policy"
     experience = collate_experience([base, refinement], [-0.5, 1.5], module.tokenizer.pad_token_id, pivotal_credit=False)
     experience.old_logprobs[1] = -200.0  # exp(logπ + 200) overflows: the ratio branch must not be used

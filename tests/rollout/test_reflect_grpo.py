@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from harness import module_and_data, preset, quiet_trainer, weights_changed
+from harness import LastStep, module_and_data, preset, quiet_trainer, weights_changed
 from scripted_engine import ScriptedEngine, UseEngine, scripted_arithmetic, world_player
 
 from r3lightning.rollout.explorers.base import ExplorationSpec
@@ -144,11 +144,12 @@ def test_reflect_grpo_preset_trains_one_step(world_suite):
         world_suite, explorer=explorer, algorithm=algorithm, max_new_tokens=8, agent=AgentLoopConfig(max_context_tokens=768)
     )
     tasks = [world_suite.train_task(i) for i in range(2)]
-    trainer = quiet_trainer(1, callbacks=[UseEngine(lambda suite: world_player(suite, tasks, [json.dumps(REFLECTION)]))])
+    last = LastStep()
+    trainer = quiet_trainer(1, callbacks=[UseEngine(lambda suite: world_player(suite, tasks, [json.dumps(REFLECTION)])), last])
     trainer.fit(module, dm)
-    origins = [t.origin for t in module.last_trajectories]
+    origins = [t.origin for t in last.output["trajectories"]]
     assert origins.count("base") == 8 and origins.count("distilled") == 4
-    assert all(t.pivot is None for t in module.last_trajectories)
+    assert all(t.pivot is None for t in last.output["trajectories"])
     assert any(weights_changed(module))
     metrics = trainer.callback_metrics
     assert metrics["rollout/retry_rate"] == 1.0 and metrics["reward/mean_distilled"] == 1.0

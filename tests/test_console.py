@@ -97,20 +97,21 @@ def test_trainer_flags_that_do_nothing_here_are_refused_with_the_key_to_use(flag
     assert instead in error
 
 
-def test_openmp_threads_sleep_when_idle_unless_the_user_chose_a_wait_policy():
-    environ = {}
-    console.let_idle_threads_sleep(environ)
-    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
-    chosen = {"OMP_WAIT_POLICY": "active"}
-    console.let_idle_threads_sleep(chosen)
-    assert chosen == {"OMP_WAIT_POLICY": "active"}
+def test_openmp_threads_sleep_when_idle_on_a_busy_machine_unless_the_user_chose_a_wait_policy():
+    quiet, busy, chosen = {}, {}, {"OMP_WAIT_POLICY": "active"}
+    assert console.choose_wait_policy(quiet, load=0.2) is None and quiet == {}
+    assert "busy (load average 1.3)" in console.choose_wait_policy(busy, load=1.3)
+    assert busy == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert console.choose_wait_policy(chosen, load=3.0) is None and chosen == {"OMP_WAIT_POLICY": "active"}
 
 
-def test_a_command_that_runs_loads_torch_with_the_wait_policy_set(tmp_path):
-    """``main`` sets it before it hands the command to Lightning's CLI (whose import loads torch and its OpenMP runtime, which reads it once)."""
+def test_a_command_that_runs_decides_the_wait_policy_before_lightning_loads(tmp_path):
+    """``main`` decides before it hands the command to Lightning's CLI (whose import loads torch and its
+    OpenMP runtime, which reads the policy once): busy here, as the load is made to read."""
     code = (
         "import os, sys\n"
         "from r3lightning.cli import console\n"
+        "console.os.getloadavg = lambda: (2.0, 2.0, 2.0)\n"
         "seen = {}\n"
         "import r3lightning.cli.main as cli_main\n"
         "cli_main.main = lambda args=None: seen.update(policy=os.environ.get('OMP_WAIT_POLICY'))\n"
@@ -120,3 +121,4 @@ def test_a_command_that_runs_loads_torch_with_the_wait_policy_set(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "R3L_CACHE_DIR": str(tmp_path)}, timeout=300)
     assert out.stdout.split()[-1] == "PASSIVE", out.stderr[-2000:]
+    assert "the machine is busy (load average 2.0)" in out.stderr

@@ -101,7 +101,9 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
     path = cache_dir() / f"help-{args[0]}-{help_cache_key([program, *args], source_dirs(), columns)}.txt"
     if path.is_file():
         return path.read_text()
-    let_idle_threads_sleep()
+    note = choose_wait_policy()
+    if note:
+        print(note, file=sys.stderr)
     from r3lightning.cli.main import main as lightning_main
 
     captured = io.StringIO()
@@ -122,17 +124,32 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
     return text
 
 
-def let_idle_threads_sleep(environ=os.environ) -> None:
-    """Make OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose a
-    policy. Read once, when torch loads its OpenMP runtime, so it is set before Lightning is imported.
+BUSY_LOAD = 0.5
+"""The one-minute load average (runnable processes, before this one starts) from which the machine counts
+as busy: another job holds a core, so this run's threads would outnumber the free ones."""
+
+
+def choose_wait_policy(environ=os.environ, load: Optional[float] = None) -> Optional[str]:
+    """On a busy machine, make OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``) unless the
+    user chose a policy; return the note to print, or None. Read once, when torch loads its OpenMP
+    runtime, so it is decided before Lightning is imported. ``load``: the one-minute load average
+    (``os.getloadavg``).
 
     Every torch CPU operation splits its work over the threads and waits at a barrier for the last one.
-    By default a thread that finished spins there; when another process holds a core (a second
-    training run, an evaluation, data loading), the thread it displaced finishes a scheduler slice
-    later while the spinning ones burn the CPU it needs, and every operation pays for it. Sleeping
-    threads give that CPU back (docs/engines.md, "Sharing the machine with other jobs", has the
-    measurement)."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    By default a thread that finished spins there. When another process holds a core (a second training
+    run, an evaluation, data loading), the thread it displaced finishes a scheduler slice later while
+    the spinning ones burn the CPU it needs, and every operation pays for it; sleeping threads give that
+    CPU back. On a quiet machine the spinning is what keeps back-to-back small operations fast, so the
+    policy is left as it is there (docs/engines.md, "Sharing the machine with other jobs", has both
+    measurements)."""
+    if "OMP_WAIT_POLICY" in environ:
+        return None
+    load = os.getloadavg()[0] if load is None else load
+    if load < BUSY_LOAD:
+        return None
+    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return (f"r3l: the machine is busy (load average {load:.1f}): OpenMP threads sleep when idle "
+            "(OMP_WAIT_POLICY=PASSIVE); set OMP_WAIT_POLICY to choose")
 
 
 def main(args: Optional[list[str]] = None) -> None:
@@ -150,7 +167,9 @@ def main(args: Optional[list[str]] = None) -> None:
     if text is not None:
         print(text, end="")
         return
-    let_idle_threads_sleep()
+    note = choose_wait_policy()
+    if note:
+        print(note, file=sys.stderr)
     from r3lightning.cli.main import main as lightning_main
 
     lightning_main(None if from_command_line else args)

@@ -25,7 +25,7 @@ from r3lightning.rollout.explorers.reflection import (
     MAX_REFLECTION_TOKENS,
     REFLECTION_TEMPERATURE,
     Reflector,
-    load_template,
+    reflection_templates,
 )
 from r3lightning.types import Group, Trajectory
 
@@ -83,12 +83,10 @@ class ReflectFromScratchExplorer:
         if not 0.0 < reflected_share <= 1.0:
             raise ValueError(f"ReflectFromScratchExplorer: reflected_share must be in (0, 1], got {reflected_share}")
         self.reflected_share = reflected_share
-        text = reflection_format == "text"
         self.reflector = Reflector(
             reflection_temperature,
             max_reflection_tokens,
-            load_template(reflection_template, "reflection_text.txt" if text else "reflection.txt"),
-            load_template(guidance_template, "guidance_text.txt" if text else "guidance.txt"),
+            *reflection_templates(reflection_template, guidance_template, reflection_format),
             reflection_format=reflection_format,
         )
 

@@ -28,7 +28,7 @@ from r3lightning.rollout.explorers.reflection import (
     Reflection,
     Reflector,
     diagnosis_of,
-    load_template,
+    reflection_templates,
 )
 from r3lightning.rollout.steps import split_final_turn
 from r3lightning.types import Group, Trajectory, Turn
@@ -127,12 +127,10 @@ class ReflectRetryExplorer:
         self.retry_below_max_reward_only = retry_below_max_reward_only
         self.refill_groups = refill_groups
         self.train_success_judgments = train_success_judgments
-        text = reflection_format == "text"
         self.reflector = Reflector(
             reflection_temperature,
             max_reflection_tokens,
-            load_template(reflection_template, "reflection_text.txt" if text else "reflection.txt"),
-            load_template(guidance_template, "guidance_text.txt" if text else "guidance.txt"),
+            *reflection_templates(reflection_template, guidance_template, reflection_format),
             source=reflector,
             transcript_style=reflection_transcript,
             reflection_format=reflection_format,

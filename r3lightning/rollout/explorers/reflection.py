@@ -39,6 +39,15 @@ def load_template(path: str, builtin: str) -> str:
     return resources.files("r3lightning").joinpath("templates", builtin).read_text()
 
 
+def reflection_templates(reflection_template: str, guidance_template: str, reflection_format: str) -> tuple[str, str]:
+    """The reflection and guidance templates at the given paths, or the built-in ones of the format
+    (``reflection_text.txt`` / ``guidance_text.txt`` for ``text``, ``reflection.txt`` / ``guidance.txt``
+    for ``json``)."""
+    suffix = "_text" if reflection_format == "text" else ""
+    return (load_template(reflection_template, f"reflection{suffix}.txt"),
+            load_template(guidance_template, f"guidance{suffix}.txt"))
+
+
 @dataclass
 class Reflection:
     """A validated reflection. ``retry_from_step`` is within [0, number of turns - 1]. ``judged``: the

@@ -4,7 +4,7 @@ ReflectRL's reflective-to-direct distillation is no callback: it is the phase ``
 (``r3lightning.training.phases.DistillPhase``)."""
 
 from r3lightning.callbacks.checkpointing import StepCheckpoint
-from r3lightning.callbacks.component_health import ComponentHealth, InertComponentError
+from r3lightning.callbacks.component_health import ComponentHealth, HealthRefusal, InertComponentError, UpdateSizeError
 from r3lightning.callbacks.health import HealthWatchdog
 from r3lightning.callbacks.hf_export import HuggingFaceExport
 from r3lightning.callbacks.monitor import RolloutSampleLogger, TrainingDynamicsMonitor
@@ -15,7 +15,9 @@ __all__ = [
     "ComponentHealth",
     "HealthWatchdog",
     "HuggingFaceExport",
+    "HealthRefusal",
     "InertComponentError",
+    "UpdateSizeError",
     "PhaseReport",
     "RolloutSampleLogger",
     "StepCheckpoint",

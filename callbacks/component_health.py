@@ -21,11 +21,15 @@ from r3lightning.data.components import TEACHER_CHECK, ComponentCheck, component
 from r3lightning.types import ExperienceBatch, step_output
 
 
-class InertComponentError(ValueError):
+class HealthRefusal(ValueError):
+    """A strict run stopped by a health check: a comparison records the arm as refused, not reported."""
+
+
+class InertComponentError(HealthRefusal):
     """A strict run found a switched-on component inert or degenerate."""
 
 
-class UpdateSizeError(ValueError):
+class UpdateSizeError(HealthRefusal):
     """A strict run made an RL update larger than ``health.update_kl_max``."""
 
 

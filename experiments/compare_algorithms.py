@@ -98,13 +98,14 @@ def run_method(method: str, arm: list[str], seed: int, checkpoint: str, args: ar
     alpha = ["--model.algorithm.alpha", str(args.alpha)] if method in AMPLIFIED and args.alpha is not None else []
     # Every method resumes the one warm-start with its own algorithm: the config's values win where the
     # checkpoint's saved ones differ (``--resume_with config``).
-    # Strict health: an arm whose switched-on component never acted is refused, not reported.
-    from r3lightning.callbacks import InertComponentError
+    # Strict health: an arm whose switched-on component never acted, or whose update was too large, is
+    # refused, not reported.
+    from r3lightning.callbacks import HealthRefusal
 
     health = ["--health.strict", "true", "--health.after_steps", str(args.rl_steps)]
     try:
         cli, report = _fit([*overrides, *arm, *alpha, *health, "--ckpt_path", checkpoint, "--resume_with", "config"])
-    except InertComponentError as err:
+    except HealthRefusal as err:
         return {"refused": str(err), "wall_s": time.perf_counter() - start}
     series = logged_series(cli.trainer.logger.log_dir, LAST_STEPS_FIGURES)
     records = report.records  # restored from the checkpoint: the warm-start validations come first

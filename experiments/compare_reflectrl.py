@@ -163,11 +163,12 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
     _, beta, teacher = ARMS[arm]
     config = yaml.safe_load(Path(config_path).read_text())
     rl_steps = config["trainer"]["max_steps"] - config["model"]["phases"]["warmstart"]["steps"]
-    # Strict health: an arm whose switched-on component never acted is refused, not reported. The anchor
-    # arms are the exception: their teacher is the student at the switch by construction (the old
-    # reading, kept as the control that shows it), which the health check calls degenerate.
+    # Strict health: an arm whose switched-on component never acted, or whose update was too large, is
+    # refused, not reported. The anchor arms are the exception: their teacher is the student at the switch
+    # by construction (the old reading, kept as the control that shows it), which the health check calls
+    # degenerate.
     strict = "false" if teacher == "anchor" else "true"
-    from r3lightning.callbacks import InertComponentError
+    from r3lightning.callbacks import HealthRefusal
 
     health = ["--health.strict", strict, "--health.after_steps", str(max(rl_steps, 1))]
     try:
@@ -176,7 +177,7 @@ def stage_two(arm: str, objective: str, seed: int, config_path: str, checkpoint:
             ["--seed_everything", str(seed), "--data.seed", str(seed), *OBJECTIVES[objective], *health, "--ckpt_path",
              checkpoint, "--resume_with", "config"],  # each arm's own algorithm and teacher over the shared stage 1
         )
-    except InertComponentError as err:
+    except HealthRefusal as err:
         result = {"refused": str(err), "wall_s": time.perf_counter() - start}
         Path(result_path).write_text(json.dumps(result))
         return result

@@ -4,13 +4,16 @@ sparse-success regime?
 
 It runs ``experiments.compare_algorithms`` with the gate's arms, every one logging the policy loss's
 gradient variance across micro-batches (``model.log_grad_variance``) and its entropy on RL tokens
-(``train/entropy_rl``), then pairs them per seed. Two gates (``--gate``):
+(``train/entropy_rl``), then pairs them per seed. Three gates (``--gate``):
 
 - ``credit``: ``r3l``, ``r3l_wo_credit`` and ``r3l_wo_positive`` on the difficulty-2 procedural world
-  (``configs/examples/r3l_procedural_d2_cpu.yaml``) from a shortened warm-start (sparse success; the
-  recipe's 600 steps leave ~90%). Pivotal credit needs retries, so the policy must write reflections:
-  the warm-start teaches them. Pairs: ``train/policy_grad_var_rel`` and ``train/policy_grad_var`` of
-  r3l against r3l_wo_credit; ``train/entropy_rl`` of r3l against r3l_wo_positive.
+  (``configs/examples/r3l_procedural_d2_cpu.yaml``) from a 320-step warm-start (the recipe's 600 steps
+  leave ~90%; 320 leave about half the samples succeeding: the dense regime). Pivotal credit needs
+  retries, so the policy must write reflections: the warm-start teaches them. Pairs:
+  ``train/policy_grad_var_rel`` and ``train/policy_grad_var`` of r3l against r3l_wo_credit;
+  ``train/entropy_rl`` of r3l against r3l_wo_positive.
+- ``credit_sparse``: ``r3l`` against ``r3l_wo_credit`` (the gradient pairs) from a 240-step
+  warm-start, before the policy acts on the goal (sparse success).
 - ``amplification``: on the arithmetic recipe (``configs/examples/r3_arithmetic_cpu.yaml``: about 7%
   success after its 80-step warm-start, most groups all-fail), the recipe's GRPO with the paper's
   positive amplification (α = 3, ``max_reward_mode: alpha``) against the same with
@@ -26,6 +29,8 @@ regime). Written to ``--out`` (the comparison's own JSON and plot beside it, ``*
         --out benchmarks/results/r3l_gates/amplification.json
     nice -n 19 python -m experiments.r3l_gates --gate credit --seeds 0 1 2 3 4 5 6 7 8 9 \\
         --out benchmarks/results/r3l_gates/credit.json
+    nice -n 19 python -m experiments.r3l_gates --gate credit_sparse --seeds 0 1 2 3 4 5 6 7 8 9 \\
+        --out benchmarks/results/r3l_gates/credit_sparse.json
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from scripts.machine_info import machine_info
 
 # The update-size guard (health.update_kl_max) is for pretrained models; a tiny policy's RL step may pass
-# it, and the comparison only catches refusals of inert components.
+# it, and the gate compares the same arms on every seed rather than refusing some of them.
 COMMON = "model.log_grad_variance=true,health.update_kl_max=null"
 AMPLIFICATION = "model.algorithm.alpha=3.0,model.algorithm.max_reward_mode=alpha,model.optim.micro_batch_size=32"
 GATES = {
@@ -61,6 +66,22 @@ GATES = {
             "train/policy_grad_var_rel": ("r3l", "r3l_wo_credit"),
             "train/policy_grad_var": ("r3l", "r3l_wo_credit"),
             "train/entropy_rl": ("r3l", "r3l_wo_positive"),
+        },
+    },
+    # The same arms where success is sparse: the warm-start stops at step 240, before the policy acts on
+    # the goal (10-19% greedy in benchmarks/results/success_share_d2_warmstart.json), with the success
+    # judgments taught from step 200.
+    "credit_sparse": {
+        "recipe": "configs/examples/r3l_procedural_d2_cpu.yaml",
+        "warmup_steps": 240,
+        "rl_steps": 10,
+        "warmstart_override": ["model.phases.warmstart.demos.success_reflection_from_step=200",
+                               "model.phases.warmstart.validate=false"],
+        # Amplification's entropy premise already has its sparse gate (``amplification``).
+        "arms": {"r3l": f"r3l,{COMMON}", "r3l_wo_credit": f"r3l_wo_credit,{COMMON}"},
+        "pairs": {
+            "train/policy_grad_var_rel": ("r3l", "r3l_wo_credit"),
+            "train/policy_grad_var": ("r3l", "r3l_wo_credit"),
         },
     },
     "amplification": {

@@ -86,3 +86,14 @@ def test_a_learning_rate_that_wrecks_the_model_in_one_update_stops_a_strict_run_
     assert "above health.update_kl_max=1; an update this large usually wrecks a pretrained model. The learning rate was 0.5" in err
     assert "lower model.optim.lr (1e-6 to 1e-5 suits a pretrained model)" in err
     assert len(_logged_update_kl(tmp_path)) <= 1  # no second step ran
+
+
+def test_a_too_large_update_is_a_health_refusal_that_comparisons_record_as_refused():
+    # experiments/compare_algorithms.py and compare_reflectrl.py record an arm that raises HealthRefusal as
+    # refused; before, an oversized update escaped them and stopped the whole comparison.
+    from r3lightning.callbacks import HealthRefusal, InertComponentError, UpdateSizeError
+
+    assert issubclass(UpdateSizeError, HealthRefusal) and issubclass(InertComponentError, HealthRefusal)
+    for module in ("experiments.compare_algorithms", "experiments.compare_reflectrl"):
+        source = __import__("importlib").util.find_spec(module).origin
+        assert "except HealthRefusal" in open(source).read()

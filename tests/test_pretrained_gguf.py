@@ -115,3 +115,39 @@ def test_lora_and_gradient_checkpointing_train_resume_and_export(tmp_path, monke
     export_main(["--ckpt_path", str(last), "--out", str(tmp_path / "exported")])
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", dtype=torch.float32).eval()
     assert greedy_texts(reloaded, AutoTokenizer.from_pretrained(tmp_path / "exported"), QUESTIONS) == greedy_texts(policy, tokenizer, QUESTIONS)
+
+
+# ---- ReflectRL's data tools with the GGUF model as the expert --------------------------------------
+REFLECTRL_RECIPE = os.path.join(os.path.dirname(__file__), "..", "configs", "examples", "smollm2_reflectrl.yaml")
+
+
+def test_the_gguf_model_is_reflectrl_s_expert_and_the_oracle_writes_number_only_targets(tmp_path):
+    """``r3l gnt-pool --expert package/file.gguf`` on the SmolLM2 ReflectRL recipe's suite (2 validation
+    tasks here), then ``r3l reflect-sft --critic oracle --target solution``: a reflective row's target is
+    the bare reference number, as the direct answers are written."""
+    import json
+
+    import yaml
+
+    from r3lightning.cli.main import main
+
+    config = yaml.safe_load(open(REFLECTRL_RECIPE))
+    config["data"]["suite"]["init_args"]["suite"]["init_args"]["num_val_tasks"] = 2
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(config))
+    pool, sft = tmp_path / "pool.jsonl", tmp_path / "sft.jsonl"
+    main(["gnt-pool", "--config", str(recipe), "--expert", SMOLLM2, "--num_tasks", "6", "--samples", "2",
+          "--val_samples", "1", "--out", str(pool), "--seed", "1"])
+    rows = [json.loads(line) for line in pool.read_text().splitlines()]
+    assert {r["expert"] for r in rows} == {SMOLLM2} and len(rows) >= 10  # 14 answers, a few without a number
+    assert any(r["label"] == "gnt" for r in rows if r["split"] == "train")  # a 135M model gets some sums wrong
+    main(["reflect-sft", "--config", str(recipe), "--pool", str(pool), "--critic", "oracle", "--target", "solution",
+          "--out", str(sft)])
+    reflective = [r for r in map(json.loads, sft.read_text().splitlines()) if r["kind"] == "reflective"]
+    gnt = [r for r in rows if r["split"] == "train" and r["label"] == "gnt"]
+    assert len(reflective) == len(gnt)  # the oracle corrects every wrong sum
+    answers = {r["prompt"]: r["answer"] for r in gnt}
+    for row in reflective:
+        prompt = row["messages"][-2]["content"]
+        assert "A previous answer, which is wrong:" in prompt
+        assert row["messages"][-1]["content"] == str(answers[next(p for p in answers if prompt.startswith(p))])

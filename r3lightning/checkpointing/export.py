@@ -112,9 +112,12 @@ def rebuild_policy(checkpoint: dict[str, Any], ckpt_path: str):
 
 
 def load_policy(path: str):
-    """(policy, tokenizer) of a model given by ``path``: an r3lightning checkpoint file (rebuilt as
-    ``rebuild_policy`` does) or a Hugging Face model directory or id (``load_pretrained``). Used by
-    ``r3l gnt-pool`` and ``r3l reflect-sft`` to run an expert or a critic."""
+    """(policy, tokenizer) of a model given by ``path``: a GGUF file (``*.gguf``: a path or an installed
+    package's ``package/file.gguf``, as ``model.model.gguf_file`` takes it), an r3lightning checkpoint
+    file (rebuilt as ``rebuild_policy`` does) or a Hugging Face model directory or id
+    (``load_pretrained``). Used by ``r3l gnt-pool`` and ``r3l reflect-sft`` to run an expert or a critic."""
+    if path.endswith(".gguf"):
+        return load_pretrained(ModelConfig(gguf_file=path))
     if os.path.isfile(path):
         return rebuild_policy(load_checkpoint(path), path)
     return load_pretrained(ModelConfig(name_or_path=path))

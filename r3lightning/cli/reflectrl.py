@@ -133,7 +133,7 @@ def gnt_pool_main(argv: list[str]) -> dict[str, Any]:
     )
     _common(parser)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--expert", help="r3lightning checkpoint (.ckpt) or Hugging Face model directory/id")
+    source.add_argument("--expert", help="r3lightning checkpoint (.ckpt), GGUF file (a path or package/file.gguf) or Hugging Face model directory/id")
     source.add_argument("--rollouts", help="JSONL of existing expert rollouts: prompt, answer, response (+ task_id, split, question)")
     parser.add_argument("--num_tasks", type=COUNT, default=512, help="training tasks 0..N-1 the expert answers")
     parser.add_argument("--samples", type=COUNT, default=4, help="answers per training task")
@@ -188,7 +188,7 @@ def reflect_sft_main(argv: list[str]) -> dict[str, Any]:
         "first differing step: for a model that cannot follow the reflective prompt), neither reading the reference "
         "answer; or oracle (the suite's scripted critic, which knows the reference answer and the derivation)",
     )
-    parser.add_argument("--critic_model", default=None, help="critic checkpoint or model directory (default: the pool's expert)")
+    parser.add_argument("--critic_model", default=None, help="critic checkpoint, GGUF file or model directory (default: the pool's expert)")
     parser.add_argument("--critic_samples", type=COUNT, default=4, help="critiques sampled per GNT (model and resolve critics); the first that verifies is kept")
     parser.add_argument(
         "--target", choices=REFLECTIVE_TARGETS, default="critique",

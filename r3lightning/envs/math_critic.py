@@ -15,7 +15,7 @@ import ast
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Optional
+from typing import Callable, Optional
 
 from r3lightning.envs.base import Task
 from r3lightning.envs.math_env import extract_answer, normalize_answer
@@ -172,11 +172,12 @@ def first_false_claim(response: str) -> Optional[str]:
     return None
 
 
-def scripted_critique(task: Task, wrong_response: str) -> Optional[Critique]:
+def scripted_critique(task: Task, wrong_response: str, read_answer: Callable[[str], Optional[str]] = extract_answer) -> Optional[Critique]:
     """A critique of ``wrong_response`` (str) to ``task`` (a math task: ``task.data["question"]`` or
     its prompt holds one arithmetic expression; ``task.answer`` the reference), or None when the
     question has no such expression, the derivation does not give the reference answer, or the
-    response is in fact right.
+    response is in fact right. ``read_answer`` finds the response's final answer (the suite's reader:
+    ``\\boxed{}`` by default, the last number for ``final_answer: last_number``).
 
     The wrong step is the first false equation the response writes; with none, it is the implied
     claim ``expression = the response's final answer`` (or ``no final answer``). The correction is the
@@ -189,7 +190,7 @@ def scripted_critique(task: Task, wrong_response: str) -> Optional[Critique]:
     steps = derivation(expression)
     if not steps or not _same_number(task.answer, steps[-1].value):
         return None
-    predicted = extract_answer(wrong_response)
+    predicted = read_answer(wrong_response)
     if predicted is not None and _same_number(predicted, steps[-1].value):
         return None
     answer = format_number(steps[-1].value)

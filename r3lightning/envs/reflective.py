@@ -272,12 +272,18 @@ def scripted_critic(suite: TaskSuite, target: Literal["critique", "solution"] = 
 
     if isinstance(suite, MathSuite):
         from r3lightning.envs.math_critic import scripted_critique
+        from r3lightning.envs.math_env import FINAL_ANSWER_READERS
+
+        read_answer = FINAL_ANSWER_READERS[suite.final_answer]
 
         def math_critic(task: Task, response: str) -> Optional[str]:
-            critique = scripted_critique(task, response)
+            critique = scripted_critique(task, response, read_answer)
             if critique is None:
                 return None
-            return critique.solution if target == "solution" else critique.text
+            if target == "critique":
+                return critique.text
+            # A number-only suite's direct answer is the suite's own demonstration (the bare number).
+            return critique.solution if suite.final_answer == "boxed" else suite.demonstration(task)[0]
 
         return math_critic
     if target == "solution":

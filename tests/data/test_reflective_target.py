@@ -79,3 +79,32 @@ def test_the_model_critic_is_refused_with_the_solution_target():
     with pytest.raises(ValueError, match="--target solution: the model critic writes its own format"):
         reflect_sft_main(["--config", "unread.yaml", "--pool", "unread.jsonl", "--out", "x.jsonl", "--critic", "model",
                           "--target", "solution"])
+
+
+def number_only_suite():
+    return MathSuite(source="arithmetic", source_kwargs={"max_operand": 20, "operators": "+"}, num_val_tasks=4,
+                     instruction="Answer with the number only.", final_answer="last_number")
+
+
+def test_a_number_only_suite_s_critic_reads_the_last_number_and_its_solution_target_is_the_bare_number():
+    # The real-model recipe's task: before, the critic read a GNT such as "32" with \boxed{} and wrote
+    # "no final answer", and the solution target carried a boxed line the student never writes.
+    suite = number_only_suite()
+    task = suite.train_task(0)
+    left, right = task.data["question"].split("Compute ")[1].rstrip(".").split("+")
+    wrong = int(task.answer) + 1
+    critique = scripted_critic(suite, "critique")(task, f"{left} + {right} = {wrong}")
+    assert critique.startswith(f"Wrong step: {left}+{right}={wrong}\n") and critique.endswith(f"\\boxed{{{task.answer}}}")
+    assert scripted_critic(suite, "critique")(task, str(wrong)).startswith(f"Wrong step: {left}+{right}={wrong}\n")
+    assert scripted_critic(suite, "solution")(task, str(wrong)) == suite.demonstration(task)[0] == str(task.answer)
+    assert scripted_critic(suite, "solution")(task, str(task.answer)) is None  # a right answer has no critique
+
+
+def test_the_resolve_critic_reads_a_number_only_answer_with_the_suite_s_reader():
+    from r3lightning.data.reflectrl.reflective_sft import answer_reader
+
+    read = answer_reader(number_only_suite())
+    assert resolve_candidate("32", " 42\n", "solution", read) == "42"
+    assert resolve_candidate("32", "no idea", "solution", read) is None
+    assert resolve_candidate("32", "42", "solution") is None  # the boxed reader finds no answer in "42"
+    assert answer_reader(stepwise_suite())("\\boxed{8}") == "8"

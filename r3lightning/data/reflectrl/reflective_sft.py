@@ -21,7 +21,7 @@ import random
 from typing import Any, Callable, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
-from r3lightning.envs.math_env import extract_answer
+from r3lightning.envs.math_env import FINAL_ANSWER_READERS, extract_answer
 from r3lightning.envs.reflective import (
     DEFAULT_REFLECTIVE_TEMPLATE,
     LABEL_GNT,
@@ -154,15 +154,24 @@ teacher, asked under the reflective prompt, writes what the direct student write
 content, not format; docs/reflectrl.md, "The reflective target")."""
 
 
-def resolve_candidate(wrong_response: str, solution: str, target: str = "critique") -> Optional[str]:
+def resolve_candidate(
+    wrong_response: str, solution: str, target: str = "critique", read_answer: Callable[[str], Optional[str]] = extract_answer
+) -> Optional[str]:
     """The reflective target that the re-solved answer ``solution`` (str) makes for the GNT
     ``wrong_response`` (str): ``resolve_critique`` for ``critique``; for ``solution``, the answer itself,
-    stripped (it is a direct answer to the same question). None when ``solution`` has no final answer."""
+    stripped (it is a direct answer to the same question). None when ``solution`` has no final answer
+    (``read_answer``: the suite's reader, ``\\boxed{}`` by default; ``answer_reader``)."""
     if target not in REFLECTIVE_TARGETS:
         raise ValueError(f"reflective target must be one of {REFLECTIVE_TARGETS}, got {target!r}")
     if target == "solution":
-        return solution.strip() if extract_answer(solution) is not None else None
+        return solution.strip() if read_answer(solution) is not None else None
     return resolve_critique(wrong_response, solution)
+
+
+def answer_reader(suite: TaskSuite) -> Callable[[str], Optional[str]]:
+    """How ``suite`` finds a response's final answer: a math suite's own reader (``final_answer``), else
+    ``\\boxed{}`` (``extract_answer``)."""
+    return FINAL_ANSWER_READERS.get(getattr(suite, "final_answer", "boxed"), extract_answer)
 
 
 def resolved_critiques(
@@ -170,13 +179,15 @@ def resolved_critiques(
 ) -> list[list[str]]:
     """``samples`` candidate reflective targets per GNT row from the model behind ``loop``: it answers the
     row's *direct* question (no GNT, no reference answer), and each answer becomes
-    ``resolve_candidate(GNT, answer, target)``. The non-oracle critic for a model that cannot follow the
-    reflective prompt (a tiny expert never trained on it writes no verified critique from it)."""
+    ``resolve_candidate(GNT, answer, target)`` read by the loop's suite. The non-oracle critic for a model
+    that cannot follow the reflective prompt (a tiny expert never trained on it writes no verified
+    critique from it)."""
     trajectories = loop.run([EpisodeRequest(task=pool_task(row)) for row in rows for _ in range(samples)], params)
     texts = [loop.tokenizer.decode([tok for turn in t.turns for tok in turn.response_ids], skip_special_tokens=True) for t in trajectories]
+    read = answer_reader(loop.suite)
     out = []
     for i, row in enumerate(rows):
-        critiques = (resolve_candidate(row["response"], text, target) for text in texts[i * samples : (i + 1) * samples])
+        critiques = (resolve_candidate(row["response"], text, target, read) for text in texts[i * samples : (i + 1) * samples])
         out.append([c for c in critiques if c])
     return out
 

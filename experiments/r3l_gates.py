@@ -12,8 +12,8 @@ gradient variance across micro-batches (``model.log_grad_variance``) and its ent
   retries, so the policy must write reflections: the warm-start teaches them. Pairs:
   ``train/policy_grad_var_rel`` and ``train/policy_grad_var`` of r3l against r3l_wo_credit;
   ``train/entropy_rl`` of r3l against r3l_wo_positive.
-- ``credit_sparse``: ``r3l`` against ``r3l_wo_credit`` (the gradient pairs) from a 200-step
-  warm-start, before the policy acts on the goal (sparse success).
+- ``credit_sparse``: ``r3l`` against ``r3l_wo_credit`` (the gradient pairs) from a 220-step
+  warm-start, as the policy starts to act on the goal (sparse success).
 - ``amplification``: on the arithmetic recipe (``configs/examples/r3_arithmetic_cpu.yaml``: about 7%
   success after its 80-step warm-start, most groups all-fail), the recipe's GRPO with the paper's
   positive amplification (α = 3, ``max_reward_mode: alpha``) against the same with
@@ -68,14 +68,15 @@ GATES = {
             "train/entropy_rl": ("r3l", "r3l_wo_positive"),
         },
     },
-    # Pivotal credit where success is sparse: the warm-start stops at step 200, before the policy acts on
-    # the goal (at 240 it succeeded on 36% of the validation tasks greedy, 33% sampled), with the success
-    # judgments taught from step 160.
+    # Pivotal credit where success is sparse: the warm-start stops at step 220, as the policy starts to act
+    # on the goal (after 200 steps it succeeded on none of the validation tasks and 0.5% of the RL samples,
+    # so no step had a gradient to compare; after 240 on 36% greedy, 33% sampled), with the success
+    # judgments taught from step 180.
     "credit_sparse": {
         "recipe": "configs/examples/r3l_procedural_d2_cpu.yaml",
-        "warmup_steps": 200,
+        "warmup_steps": 220,
         "rl_steps": 10,
-        "warmstart_override": ["model.phases.warmstart.demos.success_reflection_from_step=160",
+        "warmstart_override": ["model.phases.warmstart.demos.success_reflection_from_step=180",
                                "model.phases.warmstart.validate=false"],
         # Amplification's entropy premise already has its sparse gate (``amplification``).
         "arms": {"r3l": f"r3l,{COMMON}", "r3l_wo_credit": f"r3l_wo_credit,{COMMON}"},

@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -217,11 +218,53 @@ SUMMARIZED = ("teacher_reflective_greedy", "teacher_direct_greedy", "student_dir
               "kl_teacher_mean", "teacher_context_rate_mean")
 
 
+PREMISE_REFUSAL = re.compile(
+    r"answers ([\d.]+)% of (\d+) validation questions with a golden negative in its prompt and ([\d.]+)% without "
+    r"\(gain ([-+\d.]+) ± ([\d.]+) points"
+)
+"""The figures in the distillation phase's premise refusal (``r3lightning.training.distillation``)."""
+
+
+def teacher_premise_gain(run: dict) -> float | None:
+    """The teacher premise's gain (success with the GNT in the prompt minus without, a fraction) of a stage-2
+    run: recorded when it trained, read from the refusal when the premise stopped it; None otherwise."""
+    if "refused" in run:
+        found = PREMISE_REFUSAL.search(run["refused"])
+        return float(found.group(4)) / 100 if found else None
+    premise = run.get("teacher_premise") or {}
+    return premise.get("gain")
+
+
+def premise_figures(runs: dict[str, dict[str, dict]]) -> dict[str, float | dict]:
+    """Per context-distillation arm, the teacher premise's gain per seed, its mean ± standard error, and
+    its paired difference to ``reflectrl`` (same objective): does the arm's stage 1 give a teacher that
+    knows more with a golden negative in view?"""
+    gains = {arm: {s: g for s, run in seeds.items() if (g := teacher_premise_gain(run)) is not None} for arm, seeds in runs.items()}
+    figures: dict[str, float | dict] = {}
+    for arm, per_seed in gains.items():
+        if not per_seed:
+            continue
+        values = list(per_seed.values())
+        figures[f"{arm}/teacher_premise_gain_per_seed"] = per_seed
+        figures[f"{arm}/teacher_premise_gain_mean"] = statistics.mean(values)
+        figures[f"{arm}/teacher_premise_gain_se"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+        reference_arm = f"reflectrl_{arm.rsplit('_', 1)[1]}"
+        reference = gains.get(reference_arm, {})
+        paired = [per_seed[s] - reference[s] for s in per_seed if s in reference]
+        if paired and arm != reference_arm:
+            figures[f"{arm}/teacher_premise_gain_minus_reflectrl_mean"] = statistics.mean(paired)
+            figures[f"{arm}/teacher_premise_gain_minus_reflectrl_se"] = (
+                statistics.stdev(paired) / math.sqrt(len(paired)) if len(paired) > 1 else float("nan"))
+    return figures
+
+
 def summarize(runs: dict[str, dict[str, dict]]) -> dict[str, float]:
-    """Mean and std over seeds of ``SUMMARIZED`` per arm, and each arm's paired difference to ``gtplus``
-    (same objective, same seeds) in student direct greedy success."""
+    """Mean and std over seeds of ``SUMMARIZED`` per arm, each arm's paired difference to ``gtplus``
+    (same objective, same seeds) in student direct greedy success, and the teacher premise's gain of
+    every arm that measured it, refused runs included (``premise_figures``)."""
     figures = {"refused_runs": {arm: {s: r["refused"] for s, r in seeds.items() if "refused" in r} for arm, seeds in runs.items()}}
     figures["refused_runs"] = {arm: r for arm, r in figures["refused_runs"].items() if r}
+    figures.update(premise_figures(runs))
     runs = {arm: {s: r for s, r in seeds.items() if "refused" not in r} for arm, seeds in runs.items()}
     for arm, seeds in runs.items():
         for key in SUMMARIZED:

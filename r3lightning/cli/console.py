@@ -101,9 +101,7 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
     path = cache_dir() / f"help-{args[0]}-{help_cache_key([program, *args], source_dirs(), columns)}.txt"
     if path.is_file():
         return path.read_text()
-    note = choose_wait_policy()
-    if note:
-        print(note, file=sys.stderr)
+    announce_wait_policy()
     from r3lightning.cli.main import main as lightning_main
 
     captured = io.StringIO()
@@ -152,6 +150,13 @@ def choose_wait_policy(environ=os.environ, load: Optional[float] = None) -> Opti
             "(OMP_WAIT_POLICY=PASSIVE); set OMP_WAIT_POLICY to choose")
 
 
+def announce_wait_policy() -> None:
+    """``choose_wait_policy``, saying on stderr what it chose."""
+    note = choose_wait_policy()
+    if note:
+        print(note, file=sys.stderr)
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of the ``r3l`` script (``r3lightning.cli.main`` does the work of every command)."""
     # LightningCLI reads sys.argv itself; given the same arguments explicitly, it warns.
@@ -167,9 +172,7 @@ def main(args: Optional[list[str]] = None) -> None:
     if text is not None:
         print(text, end="")
         return
-    note = choose_wait_policy()
-    if note:
-        print(note, file=sys.stderr)
+    announce_wait_policy()
     from r3lightning.cli.main import main as lightning_main
 
     lightning_main(None if from_command_line else args)

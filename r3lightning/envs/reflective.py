@@ -264,6 +264,14 @@ class ReflectiveSuite(TaskSuite):
         return [text] if text else None
 
 
+def answer_reader(suite: TaskSuite) -> Callable[[str], Optional[str]]:
+    """How ``suite`` finds a response's final answer: a math suite's own reader (``final_answer``), else
+    ``\\boxed{}`` (``extract_answer``)."""
+    from r3lightning.envs.math_env import FINAL_ANSWER_READERS, extract_answer
+
+    return FINAL_ANSWER_READERS.get(getattr(suite, "final_answer", "boxed"), extract_answer)
+
+
 def scripted_critic(suite: TaskSuite, target: Literal["critique", "solution"] = "critique") -> Optional[Callable[[Task, str], Optional[str]]]:
     """``(task, wrong response) -> reflective target text or None`` for ``suite``, or None when it has no
     critic for ``target``: ``critique`` (wrong step, correction, boxed answer) or ``solution`` (the
@@ -272,9 +280,8 @@ def scripted_critic(suite: TaskSuite, target: Literal["critique", "solution"] = 
 
     if isinstance(suite, MathSuite):
         from r3lightning.envs.math_critic import scripted_critique
-        from r3lightning.envs.math_env import FINAL_ANSWER_READERS
 
-        read_answer = FINAL_ANSWER_READERS[suite.final_answer]
+        read_answer = answer_reader(suite)
 
         def math_critic(task: Task, response: str) -> Optional[str]:
             critique = scripted_critique(task, response, read_answer)

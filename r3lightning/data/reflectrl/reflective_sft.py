@@ -21,11 +21,12 @@ import random
 from typing import Any, Callable, Optional
 
 from r3lightning.envs.base import Task, TaskSuite
-from r3lightning.envs.math_env import FINAL_ANSWER_READERS, extract_answer
+from r3lightning.envs.math_env import extract_answer
 from r3lightning.envs.reflective import (
     DEFAULT_REFLECTIVE_TEMPLATE,
     LABEL_GNT,
     LABEL_GT_PLUS,
+    answer_reader,
     pool_task,
     reflective_prompt,
 )
@@ -166,12 +167,6 @@ def resolve_candidate(
     if target == "solution":
         return solution.strip() if read_answer(solution) is not None else None
     return resolve_critique(wrong_response, solution)
-
-
-def answer_reader(suite: TaskSuite) -> Callable[[str], Optional[str]]:
-    """How ``suite`` finds a response's final answer: a math suite's own reader (``final_answer``), else
-    ``\\boxed{}`` (``extract_answer``)."""
-    return FINAL_ANSWER_READERS.get(getattr(suite, "final_answer", "boxed"), extract_answer)
 
 
 def resolved_critiques(

@@ -296,7 +296,7 @@ def r3l_worker(args) -> dict:
             marks.append((time.perf_counter(), dict(timings)))
 
     total = args.warmup + args.steps + 1
-    trainer = L.Trainer(max_steps=total, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    trainer = L.Trainer(max_steps=total, precision=args.precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                         callbacks=[*callbacks, Clock()], accelerator="cpu", devices=1)
     start = time.perf_counter()
@@ -346,7 +346,7 @@ def trl_worker(args) -> dict:
     total = args.warmup + args.steps + 1
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"), report_to="none", logging_steps=1, save_strategy="no",
-        use_cpu=True, bf16=False, fp16=False, max_steps=total, per_device_train_batch_size=TASKS * GROUP,
+        use_cpu=True, bf16=args.precision == "bf16-mixed", fp16=False, max_steps=total, per_device_train_batch_size=TASKS * GROUP,
         gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=args.new_tokens,
         temperature=TEMPERATURE, top_p=1.0, top_k=0, beta=args.beta, epsilon=CLIP, learning_rate=LR, lr_scheduler_type="constant",
         warmup_steps=0, max_grad_norm=1.0, num_iterations=1, loss_type="dapo", shuffle_dataset=False,
@@ -397,18 +397,24 @@ def ensure_trl_venv() -> tuple[str | None, str]:
 def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "") -> dict:
     command = [python, str(Path(__file__).resolve()), "--worker", variant, "--model-dir", model_dir,
                "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
-               "--new-tokens", str(args.new_tokens), "--beta", str(args.beta)]
+               "--new-tokens", str(args.new_tokens), "--beta", str(args.beta), "--precision", args.precision]
     if engine_options:
         command += ["--engine-options", engine_options]
     # The measured checkout's r3lightning first; this checkout's benchmarks package after it.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((repo, str(ROOT))), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONWARNINGS": "ignore"}
+    if variant != "trl":
+        # What `r3l` decides before torch loads (OpenMP's wait policy on a busy machine); TRL keeps libgomp's default.
+        from r3lightning.cli.console import choose_wait_policy
+
+        choose_wait_policy(env)
+    policy = env.get("OMP_WAIT_POLICY", "default")
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         tail = (proc.stderr or proc.stdout)[-3000:]
         return {"error": f"{variant} worker failed (rc {proc.returncode}): {tail}"}
-    return json.loads(line[len("RESULT "):])
+    return {**json.loads(line[len("RESULT "):]), "omp_wait_policy": policy, "load_average_at_start": os.getloadavg()[0]}
 
 
 def measured_parts(steps: list[dict]) -> tuple[str, ...]:
@@ -439,6 +445,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="completion budget (max new tokens)")
     parser.add_argument("--beta", type=float, default=0.0,
                         help="KL weight to a frozen reference model (k3, as TRL's beta); > 0 adds its forward pass")
+    parser.add_argument("--precision", choices=["32", "bf16-mixed"], default="32",
+                        help="bf16-mixed: Lightning's bfloat16 autocast for r3lightning, GRPOConfig(bf16=True) for TRL")
+    parser.add_argument("--corunner", action="store_true",
+                        help="one more process beside the whole run that trains a float32 MLP on one thread "
+                             "(benchmarks.real_model's co-runner); r3lightning workers take the OpenMP wait policy "
+                             "`r3l` would choose, TRL libgomp's default")
     parser.add_argument("--engine-options", default="", help="JSON of extra EngineConfig fields for hf/vllm")
     parser.add_argument("--alt-options", default="",
                         help="JSON of EngineConfig fields for an extra hf_alt variant of the same checkout, interleaved "
@@ -480,9 +492,15 @@ def main() -> None:
         variants.insert(variants.index("hf") + 1, "hf_alt")
         repos["hf_alt"], pythons["hf_alt"], options["hf_alt"] = args.repo, pythons["hf"], args.alt_options
     runs: dict[str, list[dict]] = {v: [] for v in variants}
+    corunner = corunner_rate = None
     with tempfile.TemporaryDirectory(prefix="grpo-step-model-") as model_dir:
         model_info = write_model(Path(model_dir), args.model)
         limits_before = flop_limits(model_info, args.new_tokens, args.beta)
+        if args.corunner:
+            from benchmarks.real_model import COUNTER_SCRIPT
+
+            corunner = subprocess.Popen([sys.executable, "-c", COUNTER_SCRIPT], stdout=subprocess.PIPE, text=True)
+            time.sleep(70)  # the one-minute load average sees it, as it would a job already running
         for repeat in range(args.repeats):
             for variant in variants:
                 worker = variant.removesuffix("_before").removesuffix("_alt")
@@ -494,6 +512,10 @@ def main() -> None:
                 result["median"] = summarize(result)
                 runs[variant].append(result)
                 print(f"repeat {repeat} {variant:5s}: " + " ".join(f"{k} {v:.3f}" for k, v in result["median"].items()), flush=True)
+        if corunner is not None:
+            corunner.terminate()
+            rates = [float(line) for line in corunner.communicate()[0].split()]
+            corunner_rate = rates[-1] if rates else None
     figures: dict[str, float] = {}
     for variant, results in runs.items():
         if not results:
@@ -533,7 +555,8 @@ def main() -> None:
     extras = {v: [{k: r[k] for k in r if k not in ("steps", "median")} for r in results] for v, results in runs.items()}
     measurement = {
         "figures": figures,
-        "setup": {"max_new_tokens": args.new_tokens, "kl_beta": args.beta, "threads": args.threads},
+        "setup": {"max_new_tokens": args.new_tokens, "kl_beta": args.beta, "threads": args.threads,
+                  "precision": args.precision, "corunner": args.corunner, "corunner_steps_per_s": corunner_rate},
         "per_step": {v: [r["steps"] for r in results] for v, results in runs.items()},
         "flop_limits": limits,
         "workers": extras,

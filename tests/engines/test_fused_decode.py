@@ -276,3 +276,21 @@ def test_wide_float32_cpu_models_decode_with_packed_projections_and_equal_the_fo
     after = engine.generate(prompts, params)
     expected = HFEngine(wide, world_tokenizer, decode="forward").generate(prompts, params)
     assert [g.token_ids for g in after] == [g.token_ids for g in expected]
+
+
+@needs_onednn
+@pytest.mark.parametrize("decode", ["fused", "forward"])
+def test_generation_under_bfloat16_autocast_decodes_in_the_parameters_dtype(world_tokenizer, decode):
+    """``trainer.precision: bf16-mixed`` runs rollouts inside the trainer's autocast. The engine decodes in
+    its parameters' dtype there as anywhere (behaviour log-probs in float32, packed oneDNN linears fed
+    float32 inputs): the very tokens and log-probs it gives outside autocast."""
+    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    prompts = chat_prompts(world_tokenizer)
+    torch.manual_seed(3)
+    plain = HFEngine(wide, world_tokenizer, decode=decode).generate(prompts, params)
+    torch.manual_seed(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = HFEngine(wide, world_tokenizer, decode=decode).generate(prompts, params)
+    assert [g.token_ids for g in autocast] == [g.token_ids for g in plain]
+    assert [g.logprobs for g in autocast] == [g.logprobs for g in plain]

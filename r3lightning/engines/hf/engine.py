@@ -186,8 +186,12 @@ class HFEngine:
         self._weights_state = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
         self._drop_stale_cache()
         results: list[Generation] = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            results.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
+        # Outside any autocast (bf16-mixed training rolls out inside the trainer's): the engine decodes in
+        # its parameters' dtype, so behaviour log-probs keep their precision and packed float32 linears
+        # get float32 inputs.
+        with torch.autocast(next(self.model.parameters()).device.type, enabled=False):
+            for start in range(0, len(prompts), self.max_batch_size):
+                results.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
         return results
 
     def _drop_stale_cache(self) -> None:

@@ -81,12 +81,50 @@ class SeedSpread:
         after_warmup_greedy: greedy validation success after the warm-start, per run.
         after_rl_greedy: greedy validation success at the end of the run, per run, in the same order.
         source: where they were measured (the document, the seeds, the thread counts, the machines).
+        final_step: the step of the runs' last validation (``after_rl_greedy``); a run that ends at
+            another step is not compared with the warm-start and RL figures.
+        algorithm: ``model.algorithm`` fields of the runs (nested ones as mappings, e.g. ``ranking:
+            {enabled: false}``); a run whose values differ (another method stacked on the recipe) is not
+            compared with the warm-start and RL figures.
+        explorer: the class name of the runs' explorer (``data.explorer``), compared the same way.
+        explorer_args: attributes of the runs' explorer by dotted path (``reflector.source: policy``),
+            compared the same way.
     """
 
     before_training_greedy: list[float] = field(default_factory=list)
     after_warmup_greedy: list[float] = field(default_factory=list)
     after_rl_greedy: list[float] = field(default_factory=list)
     source: str = ""
+    final_step: Optional[int] = None
+    algorithm: dict[str, Any] = field(default_factory=dict)
+    explorer: str = ""
+    explorer_args: dict[str, Any] = field(default_factory=dict)
+
+
+def dotted(value: Any, path: str) -> Any:
+    """``value.a.b`` for ``path`` ``"a.b"`` (None where an attribute is missing)."""
+    for name in path.split("."):
+        value = getattr(value, name, None)
+    return value
+
+
+def spread_differences(spread: SeedSpread, final_step: Optional[int], algorithm: Any, explorer: Any) -> list[str]:
+    """What sets this run apart from the runs ``spread`` measured (empty: the same recipe, as far as the
+    spread says): its last step, the ``algorithm`` fields the spread names, its explorer's class and the
+    explorer attributes the spread names."""
+    differences = []
+    if spread.final_step is not None and final_step != spread.final_step:
+        differences.append(f"ends at step {final_step}, not {spread.final_step}")
+    for name, expected in spread.algorithm.items():
+        actual = getattr(algorithm, name, None)
+        pairs = ([(f"{name}.{k}", v, getattr(actual, k, None)) for k, v in expected.items()]
+                 if isinstance(expected, dict) else [(name, expected, actual)])
+        differences += [f"model.algorithm.{key} is {got!r}, not {want!r}" for key, want, got in pairs if got != want]
+    if spread.explorer and type(explorer).__name__ != spread.explorer:
+        differences.append(f"explorer {type(explorer).__name__}, not {spread.explorer}")
+    differences += [f"explorer {path} is {dotted(explorer, path)!r}, not {want!r}"
+                    for path, want in spread.explorer_args.items() if dotted(explorer, path) != want]
+    return differences
 
 
 def spread_text(values: list[float]) -> str:
@@ -242,10 +280,14 @@ class PhaseReport(L.Callback):
             plot_path, plot_note = None, "progress plot skipped: matplotlib is not installed (pip install matplotlib)"
         lines = ["[r3lightning] validation success rate (greedy / sampled):"]
         spread = self.seed_spread or SeedSpread()
+        explorer = getattr(getattr(pl_module, "datamodule", None), "explorer", None)
+        final_step = summary["final"]["step"] if summary["final"] else None
+        differences = spread_differences(spread, final_step, getattr(pl_module, "algorithm", None), explorer)
+        trained = {} if differences else {"after warm-start": spread.after_warmup_greedy, "after RL": spread.after_rl_greedy}
         for label, record, known in (
             ("before training", summary["before_training"], spread.before_training_greedy),
-            ("after warm-start", summary["after_warmup"], spread.after_warmup_greedy),
-            ("after RL", summary["final"], spread.after_rl_greedy),
+            ("after warm-start", summary["after_warmup"], trained.get("after warm-start")),
+            ("after RL", summary["final"], trained.get("after RL")),
         ):
             if record is not None:
                 lines.append(
@@ -256,6 +298,9 @@ class PhaseReport(L.Callback):
                 )
         if spread.source and (spread.before_training_greedy or spread.after_warmup_greedy or spread.after_rl_greedy):
             lines.append(f"  seed spread measured in {spread.source}")
+        if differences and (spread.after_warmup_greedy or spread.after_rl_greedy):
+            lines.append("  the recipe's trained spread is not shown: this run is not the recipe it measured ("
+                         + "; ".join(differences) + ")")
         for name, value in summary["rl_rollout_means"].items():
             if name in ROLLOUT_FIGURES:
                 lines.append(f"  {name} (mean over {self.rollout_steps[name]} RL steps): {100 * value:.1f}%")

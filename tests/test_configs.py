@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import io
 import sys
 from pathlib import Path
@@ -605,3 +606,28 @@ def test_the_sampling_seed_follows_seed_everything_unless_data_seed_is_given(ext
     cli = R3LightningCLI(args=["--config", str(BASE), *extra], run=False)
     assert cli.datamodule.seed == expected
     assert cli.datamodule.rollout_seed(3) != R3LightningCLI(args=["--config", str(BASE), "--data.seed", str(expected + 1)], run=False).datamodule.rollout_seed(3)
+
+
+@pytest.mark.parametrize("recipe", ["quickstart.yaml", "examples/r3l_procedural_d1_cpu.yaml"])
+def test_a_recipes_seed_spread_describes_the_recipe_itself_and_no_preset_stacked_on_it(cli, recipe):
+    """The band a recipe prints beside a run (``SeedSpread``) is shown for the recipe as it is and refused
+    for another method stacked on it (``spread_differences``, read by PhaseReport)."""
+    from r3lightning.callbacks.phase_report import SeedSpread, spread_differences
+    from r3lightning.rollout.explorers.base import SampleExplorer
+
+    def differences(*extra):
+        cfg = cli.parser.parse_args(["fit", "--config", str(CONFIGS / recipe), *extra]).fit
+        report = next(c for c in cfg.trainer.callbacks if c.class_path.endswith("PhaseReport"))
+        spread = SeedSpread(**vars(report.init_args.seed_spread))
+        explorer = SampleExplorer()
+        if cfg.data.explorer is not None:
+            module, name = cfg.data.explorer.class_path.rsplit(".", 1)
+            explorer = getattr(importlib.import_module(module), name)(**vars(getattr(cfg.data.explorer, "init_args", None) or argparse.Namespace()))
+        return spread_differences(spread, cfg.trainer.max_steps, cfg.model.algorithm, explorer)
+
+    assert differences() == []
+    own = {"quickstart.yaml": "grpo", "examples/r3l_procedural_d1_cpu.yaml": "r3l"}[recipe]  # the recipe's own method
+    assert differences("--config", str(CONFIGS / "algorithms" / f"{own}.yaml")) == []
+    for preset in [p for p in PRESETS if p.stem != own]:
+        assert differences("--config", str(preset)), preset.name
+    assert differences("--trainer.max_steps", "8")

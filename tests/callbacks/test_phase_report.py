@@ -155,3 +155,42 @@ def test_a_whole_sanity_check_is_kept_as_the_model_before_training_and_logged_at
     printed = capsys.readouterr().out
     assert "before training   step     0:  25.0% /  12.5%" in printed
     assert "after RL          step     8:  75.0% /  50.0%" in printed
+
+
+class SampleExplorer:
+    """Stands for the explorer class of that name: the spread compares class names."""
+
+
+class ReflectRetryExplorer:
+    pass
+
+
+def _run_with(tmp_path, final_step, algorithm, explorer):
+    module = SimpleNamespace(phases=PhaseSchedule(WarmStartPhase(steps=0)), algorithm=algorithm,
+                             datamodule=SimpleNamespace(explorer=explorer))
+    return module
+
+
+def test_a_seed_spread_is_set_beside_only_the_recipe_it_measured(tmp_path, capsys):
+    """A method stacked on a measured recipe, or a run of another length, is not shown the recipe's trained
+    band as its own; the line says why."""
+    spread = SeedSpread(after_rl_greedy=[0.5, 0.75], source="docs/results.md",
+                        final_step=20, algorithm={"advantage": "grpo", "ranking": {"enabled": False}}, explorer="SampleExplorer")
+    grpo = SimpleNamespace(advantage="grpo", ranking=SimpleNamespace(enabled=False))
+    ranked = SimpleNamespace(advantage="grpo", ranking=SimpleNamespace(enabled=True))
+    printed = {}
+    for name, steps, algorithm, explorer in (("same", 20, grpo, SampleExplorer()), ("ranked", 20, ranked, SampleExplorer()),
+                                              ("shorter", 8, grpo, ReflectRetryExplorer())):
+        report = PhaseReport(seed_spread=spread)
+        module = _run_with(tmp_path, steps, algorithm, explorer)
+        folder = tmp_path / name
+        report.on_validation_end(_trainer(folder, steps, {"val/success_rate_greedy": 0.75, "val/success_rate": 0.5}), module)
+        report.on_fit_end(_trainer(folder, steps, {}), module)
+        printed[name] = capsys.readouterr().out
+    band = "(this recipe, greedy: 62.5% ± 17.7 over 2 runs (50.0-75.0))"
+    assert band in printed["same"] and "not shown" not in printed["same"]
+    for name in ("ranked", "shorter"):
+        assert band not in printed[name] and "75.0% /  50.0%" in printed[name]
+    assert ("the recipe's trained spread is not shown: this run is not the recipe it measured "
+            "(model.algorithm.ranking.enabled is True, not False)") in printed["ranked"]
+    assert "(ends at step 8, not 20; explorer ReflectRetryExplorer, not SampleExplorer)" in printed["shorter"]

@@ -13,7 +13,12 @@ x 8 samples, up to 32 new tokens at temperature 1, one micro-batch of 64, GRPO a
 PPO-clip loss (token mean, eps 0.2), no KL, AdamW lr 1e-6 (one optimizer step per rollout). Reward 1
 when the first integer of the completion is the answer. ``--new-tokens`` changes the completion budget
 and ``--beta`` adds a KL penalty to a frozen copy of the starting model (k3, TRL's ``beta``; its
-forward pass is part of ``train``), in every variant alike.
+forward pass is part of ``train``), in every variant alike. ``--precision bf16-mixed`` trains under
+bfloat16 autocast (Lightning's ``bf16-mixed``; TRL's ``bf16=True``). ``--corunner`` runs, for the whole
+benchmark, a one-thread float32 training loop beside it (``benchmarks.real_model``'s co-runner, started
+70 s before the first worker so the load average sees it); r3lightning's workers then take the OpenMP wait
+policy ``r3l`` would choose (``choose_wait_policy``), TRL's keep libgomp's default, and each worker's
+policy and load average are recorded.
 
 Each variant runs in its own process (``--worker``, this file run with the measured checkout on
 ``PYTHONPATH``): ``hf`` and ``vllm`` train an
@@ -408,13 +413,13 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
         from r3lightning.cli.console import choose_wait_policy
 
         choose_wait_policy(env)
-    policy = env.get("OMP_WAIT_POLICY", "default")
+    policy, load = env.get("OMP_WAIT_POLICY", "default"), os.getloadavg()[0]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         tail = (proc.stderr or proc.stdout)[-3000:]
         return {"error": f"{variant} worker failed (rc {proc.returncode}): {tail}"}
-    return {**json.loads(line[len("RESULT "):]), "omp_wait_policy": policy, "load_average_at_start": os.getloadavg()[0]}
+    return {**json.loads(line[len("RESULT "):]), "omp_wait_policy": policy, "load_average_at_start": load}
 
 
 def measured_parts(steps: list[dict]) -> tuple[str, ...]:

@@ -22,6 +22,9 @@ from scripts.machine_info import machine_info
 from scripts.refactor_equivalence import read_scalars
 
 GREEDY, SAMPLED = "val/success_rate_greedy", "val/success_rate"
+TRAINING_FIGURES = ("reward/success_rate", "reward/success_rate_base", "rollout/truncated_rate", "rollout/response_len",
+                    "rollout/retry_rate", "rollout/retry_improvement_rate", "rollout/reflection_invalid_rate")
+"""Per-step figures summarized per run (where logged): the mean over the run's first and last quarter of steps."""
 
 
 def cumulative_at(per_step: list[tuple[int, float]], steps: list[int]) -> list[float]:
@@ -40,7 +43,14 @@ def curve(folder: Path) -> dict:
         "sampled": [record[SAMPLED] for record in report["history"]],
         "tokens": cumulative_at(scalars["rollout/generated_tokens"], steps),
         "step_seconds": cumulative_at(scalars["time/step_s"], steps),
+        "training": {tag: quarters([value for _, value in scalars[tag]]) for tag in TRAINING_FIGURES if tag in scalars},
     }
+
+
+def quarters(values: list[float]) -> dict:
+    """The mean of the first and of the last quarter of a per-step series (at least one step each)."""
+    n = max(len(values) // 4, 1)
+    return {"first_quarter": statistics.mean(values[:n]), "last_quarter": statistics.mean(values[-n:]), "steps": len(values)}
 
 
 def interpolate(x: float, xs: list[float], ys: list[float]) -> float | None:
@@ -93,6 +103,11 @@ def compare(curves: dict[str, dict[int, dict]], baseline: str, tested: str, seed
         }
         tokens_per_step = [curves[arm][s]["tokens"][-1] / curves[arm][s]["steps"][-1] for s in seeds]
         figures[f"{arm}_tokens_per_step"] = mean_se(tokens_per_step)
+        tags = set.intersection(*(set(curves[arm][s].get("training", {})) for s in seeds))
+        figures[f"{arm}_training"] = {
+            tag: {part: mean_se([curves[arm][s]["training"][tag][part] for s in seeds]) for part in ("first_quarter", "last_quarter")}
+            for tag in sorted(tags)
+        }
     return figures
 
 

@@ -34,3 +34,10 @@ def test_the_tested_arm_is_read_against_the_baseline_at_its_own_token_counts_and
     last = figures["last_greedy_difference_at_equal_tokens"]
     assert last["per_seed"] == [pytest.approx(-0.1), pytest.approx(0.2)] and last["mean"] == pytest.approx(0.05)
     assert figures["r3l_final"]["generated_tokens"] == [16000.0, 12000.0]
+
+
+def test_a_per_step_figure_is_summarized_by_its_first_and_last_quarter():
+    from experiments.equal_tokens import quarters
+
+    assert quarters([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == {"first_quarter": 1.5, "last_quarter": 7.5, "steps": 8}
+    assert quarters([0.5, 0.25]) == {"first_quarter": 0.5, "last_quarter": 0.25, "steps": 2}

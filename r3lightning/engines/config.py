@@ -71,6 +71,11 @@ class EngineConfig:
             ``torch.compile`` of the decoding step (CUDA graphs on CUDA), batch and cache length
             bucketed to powers of two. ``auto``: ``generate_compiled`` when CUDA is available,
             ``fused`` otherwise.
+        hf_drop_finished_rows: hf, ``fused`` decoding: drop rows that finished from the decoding batch
+            (their keys and values set aside and put back when the call ends), so the steps after a short
+            completion ends multiply the weights by the live rows only; same results up to float
+            rounding. The share of row-steps run is logged as perf/hf_decoded_row_share. False: every
+            row is decoded until the longest one ends.
         compile_cache_dir: hf, compiled paths: where inductor keeps its compiled artefacts, so that a
             later run with the same shapes and code loads them instead of compiling (docs/engines.md,
             "Compilation cache"); empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
@@ -91,6 +96,7 @@ class EngineConfig:
     hf_prefix_cache: bool = True
     hf_max_cached_tokens: int = 65536
     hf_decode: HFDecodeChoice = "auto"
+    hf_drop_finished_rows: bool = True
     compile_cache_dir: str = ""
 
 
@@ -136,6 +142,7 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer, conte
             max_cached_tokens=config.hf_max_cached_tokens,
             decode=hf_decode_path(config.hf_decode, on_cuda),
             compile_cache_dir=config.compile_cache_dir,
+            drop_finished_rows=config.hf_drop_finished_rows,
         )
     if config.backend == "vllm":
         from r3lightning.engines.vllm.engine import VLLMEngine

@@ -294,3 +294,30 @@ def test_generation_under_bfloat16_autocast_decodes_in_the_parameters_dtype(worl
         autocast = HFEngine(wide, world_tokenizer, decode=decode).generate(prompts, params)
     assert [g.token_ids for g in autocast] == [g.token_ids for g in plain]
     assert [g.logprobs for g in autocast] == [g.logprobs for g in plain]
+
+
+@pytest.mark.parametrize("width", ["narrow", "packed"])
+def test_finished_rows_leave_the_batch_with_the_same_completions_and_prefix_cache(world_tokenizer, width):
+    """Rows that finished are dropped from the decoding batch (``drop_finished_rows``): the same tokens
+    and log-probs (within 1e-5) as decoding every row to the end, and the cache put back whole, so a
+    second call that extends every row through the prefix cache gives the same again."""
+    spec = TinyModelSpec() if width == "narrow" else TinyModelSpec(
+        hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
+    model = build_tiny_model(spec, world_tokenizer, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    prompts = chat_prompts(world_tokenizer) + chat_prompts(world_tokenizer, shared=False)
+    runs = {}
+    for drop in (True, False):
+        engine = HFEngine(model, world_tokenizer, decode="fused", drop_finished_rows=drop)
+        engine.stop_token_ids = set(range(200))  # about a quarter of the vocabulary: rows end at different steps
+        torch.manual_seed(0)
+        first = engine.generate(prompts, params)
+        second = engine.generate([p + g.token_ids + p[-3:] for p, g in zip(prompts, first)], params)
+        runs[drop] = (first + second, engine.metrics(), engine.cache_hit_rate())
+    (dropped, metrics, hits), (kept, kept_metrics, kept_hits) = runs[True], runs[False]
+    assert len({len(g.token_ids) for g in kept[: len(prompts)]}) > 2
+    assert [g.token_ids for g in dropped] == [g.token_ids for g in kept]
+    for a, b in zip(dropped, kept):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    assert hits == kept_hits > 0.3
+    assert 0 < metrics["perf/hf_decoded_row_share"] < 1 and kept_metrics["perf/hf_decoded_row_share"] == 1.0

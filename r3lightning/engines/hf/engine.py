@@ -18,6 +18,7 @@ from r3lightning.engines.compile_cache import compile_cache_counts, use_compile_
 from r3lightning.engines.hf.compiled_step import CompiledFusedStep, StaticDecoding, column_bucket
 from r3lightning.engines.hf.fused_step import FusedDecoder, fused_decode_unsupported
 from r3lightning.engines.hf.generate_compiled import CompiledGenerate
+from r3lightning.engines.hf.decoding_rows import DecodingRows
 from r3lightning.engines.hf.kv_cache import GrowingLayer, LayerKV, PrefixKVCache, batch_inputs, long_tensor
 from r3lightning.engines.hf.sampling import next_tokens
 
@@ -71,6 +72,8 @@ class HFEngine:
             ``reduce-overhead`` on CUDA and ``default`` elsewhere, for ``fused_compiled`` torch's default.
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``eager``, which traces the
             same graphs in seconds without generating code).
+        drop_finished_rows: ``fused``: drop rows that finished from the decoding batch and put them back
+            when the call ends (``DecodingRows``); results equal up to float rounding.
         compile_cache_dir: the compiled paths: where inductor keeps its compiled artefacts across
             runs (``engines/compile_cache.py``); empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
             ``~/.cache/r3lightning/torchinductor``. Lookups are logged as ``perf/compile_cache_hits`` and
@@ -88,6 +91,7 @@ class HFEngine:
         compile_mode: Optional[str] = None,
         compile_backend: str = "inductor",
         compile_cache_dir: str = "",
+        drop_finished_rows: bool = True,
     ) -> None:
         if decode not in get_args(HFDecode):
             raise ValueError(f"HFEngine: decode must be one of {', '.join(get_args(HFDecode))}, got {decode!r}")
@@ -100,8 +104,10 @@ class HFEngine:
         self._weights_state: tuple = ()
         self._cached_under: Optional[tuple] = None
         self._unstored: Optional[tuple] = None  # the last call's (sequences, attention mask, cache) for _store
-        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0, "fused_compile_skipped": 0}
+        self.stats = {"prompt_tokens": 0, "reused_prompt_tokens": 0, "prefix_cache_unsupported": 0, "fused_decode_off": 0, "fused_compile_skipped": 0,
+                      "decoded_row_steps": 0, "batch_row_steps": 0}
         self.decode = decode
+        self.drop_finished_rows = drop_finished_rows
         self._fused: Optional[FusedDecoder] = None
         self._fused_off_reason: Optional[str] = None
         self._compiled_step: Optional[CompiledFusedStep] = None
@@ -132,6 +138,9 @@ class HFEngine:
             "perf/prefix_cache_unsupported": float(self.stats["prefix_cache_unsupported"]),
             "perf/hf_fused_decode_off": float(self.stats["fused_decode_off"]),
         }
+        if self.stats["batch_row_steps"]:
+            # decoding steps x rows actually run, over steps x the call's rows (1.0: no finished row was dropped)
+            figures["perf/hf_decoded_row_share"] = self.stats["decoded_row_steps"] / self.stats["batch_row_steps"]
         fused = self._fused
         if fused is not None and fused.pack and fused.wide:
             # Packed oneDNN linears were possible for this width: 0 says they were off (not a CPU float32 model, no oneDNN).
@@ -297,8 +306,11 @@ class HFEngine:
             additive[:, 0, 0, : input_ids.shape[1]].masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
         tokens, logprobs = [], []
         static: Optional[StaticDecoding] = None  # compiled steps, set up at the first one-column step
+        dropping = self.drop_finished_rows and fused is not None and self.decode == "fused"
+        kept = DecodingRows(rows, input_ids.device)  # the rows still decoded, once finished ones were dropped
         for step in range(params.max_new_tokens):
             draw = None if params.greedy else torch.rand((rows, 1), device=input_ids.device)  # the sampler's uniforms
+            draw = kept.of(draw)  # every row draws its uniform, decoded or not: a row's tokens do not depend on the others'
             logits = None  # stays None when the compiled step picked the token itself
             if step == 0 and first_logits is not None:
                 logits = first_logits
@@ -322,6 +334,9 @@ class HFEngine:
                 logits = out.logits[:, -1].float()
             if logits is not None:
                 token, logprob = next_tokens(logits, params.temperature, params.top_p, draw, params.top_k, params.min_p)
+            token, logprob = kept.spread(token, self.tokenizer.pad_token_id), kept.spread(logprob, 0.0)
+            self.stats["decoded_row_steps"] += kept.count
+            self.stats["batch_row_steps"] += rows
             token = token.masked_fill(finished, self.tokenizer.pad_token_id)
             tokens.append(token)
             logprobs.append(logprob)
@@ -330,12 +345,16 @@ class HFEngine:
                 finished |= stop_strings(torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1), None)
             if bool(finished.all()) or step + 1 == params.max_new_tokens:
                 break
-            step_ids, step_positions = token.unsqueeze(1), step_positions[:, -1:] + 1
+            step_ids, step_positions = kept.of(token).unsqueeze(1), step_positions[:, -1:] + 1
+            if dropping and kept.worth_dropping(finished):
+                local = kept.drop(finished, past)
+                step_ids, step_positions, additive = step_ids[local], step_positions[local], additive[local]
             if fused is None:
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((rows, 1))], dim=1)
         if static is not None:
             for layer in past.layers:
                 layer.cover(static.filled)
+        kept.restore(past)
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), past
 
     def _static_decoding(

@@ -88,6 +88,13 @@ class GrowingLayer(DynamicLayer):
         """Make ``keys`` / ``values`` the buffer's first ``end`` columns (after direct writes)."""
         self.keys, self.values = self._buffer[0][:, :, :end], self._buffer[1][:, :, :end]
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` [K] (long), spare capacity included, so later steps append in place."""
+        filled = self.keys.shape[-2]
+        buffer = self._buffer
+        keys, values = buffer if buffer is not None and self.keys.data_ptr() == buffer[0].data_ptr() else (self.keys, self.values)
+        self.hold(keys.index_select(0, index), values.index_select(0, index), filled)
+
 
 def growing_cache(capacity: int, layers: Optional[LayerKV] = None, filled: int = 0) -> DynamicCache:
     """A ``DynamicCache`` of ``GrowingLayer`` s with room for ``capacity`` tokens; with ``layers``

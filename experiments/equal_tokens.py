@@ -93,6 +93,10 @@ def compare(curves: dict[str, dict[int, dict]], baseline: str, tested: str, seed
             last = [figures["per_seed"][str(s)][f"{metric}_at_equal_{axis}"] for s in seeds]
             if all(last):
                 figures[f"last_{metric}_difference_at_equal_{axis}"] = mean_se([points[-1]["difference"] for points in last])
+    # Each arm's last validation, whatever it spent: when the tested arm spent more tokens than the baseline's
+    # whole run, this is the comparison at the tokens the baseline stopped at or beyond.
+    figures["final_greedy_difference"] = mean_se([curves[tested][s]["greedy"][-1] - curves[baseline][s]["greedy"][-1] for s in seeds])
+    figures["final_tokens_ratio"] = mean_se([curves[tested][s]["tokens"][-1] / curves[baseline][s]["tokens"][-1] for s in seeds])
     for arm in (baseline, tested):
         figures[f"{arm}_final"] = {
             "greedy": mean_se([curves[arm][s]["greedy"][-1] for s in seeds]),

@@ -34,6 +34,8 @@ def test_the_tested_arm_is_read_against_the_baseline_at_its_own_token_counts_and
     last = figures["last_greedy_difference_at_equal_tokens"]
     assert last["per_seed"] == [pytest.approx(-0.1), pytest.approx(0.2)] and last["mean"] == pytest.approx(0.05)
     assert figures["r3l_final"]["generated_tokens"] == [16000.0, 12000.0]
+    assert figures["final_greedy_difference"]["per_seed"] == [pytest.approx(-0.1), pytest.approx(0.1)]
+    assert figures["final_tokens_ratio"]["per_seed"] == [1.0, 0.75]
 
 
 def test_a_per_step_figure_is_summarized_by_its_first_and_last_quarter():

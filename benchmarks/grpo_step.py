@@ -399,7 +399,7 @@ def ensure_trl_venv() -> tuple[str | None, str]:
         return None, f"TRL could not be installed in {TRL_VENV}: {err!r}"
 
 
-def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "") -> dict:
+def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "", corunner: bool = False) -> dict:
     command = [python, str(Path(__file__).resolve()), "--worker", variant, "--model-dir", model_dir,
                "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
                "--new-tokens", str(args.new_tokens), "--beta", str(args.beta), "--precision", args.precision]
@@ -408,8 +408,9 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
     # The measured checkout's r3lightning first; this checkout's benchmarks package after it.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((repo, str(ROOT))), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONWARNINGS": "ignore"}
-    if variant != "trl":
+    if corunner and variant != "trl":
         # What `r3l` decides before torch loads (OpenMP's wait policy on a busy machine); TRL keeps libgomp's default.
+        # Only beside the co-runner: quiet, the load average still counts the previous worker.
         from r3lightning.cli.console import choose_wait_policy
 
         choose_wait_policy(env)
@@ -509,7 +510,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for variant in variants:
                 worker = variant.removesuffix("_before").removesuffix("_alt")
-                result = run_worker(pythons[variant], worker, args, model_dir, repos[variant], options[variant])
+                result = run_worker(pythons[variant], worker, args, model_dir, repos[variant], options[variant], args.corunner)
                 if "error" in result:
                     errors.append(f"repeat {repeat}: {result['error']}")
                     print(errors[-1], flush=True)

@@ -18,10 +18,10 @@ import json
 import statistics
 from pathlib import Path
 
+from experiments.recipe_seeds import GREEDY, SAMPLED, mean_se
 from scripts.machine_info import machine_info
 from scripts.refactor_equivalence import read_scalars
 
-GREEDY, SAMPLED = "val/success_rate_greedy", "val/success_rate"
 TRAINING_FIGURES = ("reward/success_rate", "reward/success_rate_base", "rollout/truncated_rate", "rollout/response_len",
                     "rollout/retry_rate", "rollout/retry_improvement_rate", "rollout/reflection_invalid_rate")
 """Per-step figures summarized per run (where logged): the mean over the run's first and last quarter of steps."""
@@ -70,12 +70,6 @@ def paired(baseline: dict, tested: dict, axis: str, metric: str) -> list[dict]:
         if base is not None:
             points.append({axis: x, "tested": y, "baseline": base, "difference": y - base})
     return points
-
-
-def mean_se(values: list[float]) -> dict:
-    mean = statistics.mean(values)
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
-    return {"mean": mean, "stderr": se, "per_seed": values, "seeds": len(values)}
 
 
 def compare(curves: dict[str, dict[int, dict]], baseline: str, tested: str, seeds: list[int]) -> dict:

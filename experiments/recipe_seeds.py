@@ -65,7 +65,7 @@ def seed_figures(folder: Path) -> dict:
 def mean_se(values: list[float]) -> dict:
     mean = statistics.mean(values)
     se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
-    return {"mean": mean, "stderr": se, "per_seed": values}
+    return {"mean": mean, "stderr": se, "per_seed": values, "seeds": len(values)}
 
 
 def plot(per_seed: dict[str, dict], path: Path, title: str) -> None:

@@ -421,7 +421,7 @@ class R3LightningModule(L.LightningModule):
             return {"loss": self.policy(input_ids=dummy, attention_mask=torch.ones_like(dummy)).logits.sum() * 0.0}
         # Predictions before ``start`` carry no loss (prompts): not computed, every per-token tensor starts there.
         start = window_start(micro)
-        logp, logits = self.prefix_forward.sequence_logprobs(self.policy, micro, start)
+        logp, logits, entropy = self.prefix_forward.sequence_logprobs(self.policy, micro, start, with_entropy=self.log_entropy)
         kl_to_teacher, in_context = None, 0
         if totals["rl_tokens"] > 0 and self.teacher is not None and self.teacher_kl_coef > 0:
             with torch.no_grad():
@@ -431,7 +431,7 @@ class R3LightningModule(L.LightningModule):
             kl_to_teacher = teacher_kl(logp, logits, teacher_logits, micro, start, self.teacher_kl_estimator)
         sft_weight = self.algorithm.sft_weight if self.phase.is_rl else 1.0
         terms = loss_terms(micro, logp, logits, start, self.algorithm, totals, sft_weight, kl_to_teacher, self.teacher_kl_coef)
-        return {**terms.losses, **loss_diagnostics(micro, logp, logits, start, terms, self.log_entropy, in_context)}
+        return {**terms.losses, **loss_diagnostics(micro, logp, entropy, start, terms, in_context)}
 
     def _finish_update(self, optimizer, sums: dict[str, float], rl_tokens: float) -> dict[str, float]:
         """Clip, step (or skip a non-finite step) and the update's figures; ``rl_tokens``: this rank's RL loss tokens."""

@@ -12,7 +12,12 @@ from r3lightning.algos.advantages import (
     zero_variance_group_rate,
 )
 from r3lightning.algos.kl import full_kl, kl_estimate
-from r3lightning.algos.logprobs import entropy_from_logits, selective_log_softmax, shift_logits_and_labels
+from r3lightning.algos.logprobs import (
+    entropy_from_logits,
+    selective_log_softmax,
+    selective_log_softmax_and_entropy,
+    shift_logits_and_labels,
+)
 from r3lightning.algos.losses import (
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -62,6 +67,7 @@ __all__ = [
     "ranking_bonus",
     "ranking_peers",
     "selective_log_softmax",
+    "selective_log_softmax_and_entropy",
     "sft_nll",
     "shaped_off_policy_loss",
     "shift_logits_and_labels",

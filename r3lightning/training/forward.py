@@ -8,7 +8,7 @@ The losses that read its logits are in ``r3lightning.training.loss``.
 from __future__ import annotations
 
 import contextlib
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -18,6 +18,19 @@ from r3lightning import algos
 from r3lightning.algos.context_distillation import aligned_predictions, prompt_lengths, splice_prompts
 from r3lightning.algos.logprobs import scored_window_start
 from r3lightning.types import ExperienceBatch
+
+
+class WindowScores(NamedTuple):
+    """What ``PrefixSharedForward.sequence_logprobs`` returns for rows [b, T] scored from ``start``.
+
+    logp: [b, T-1-start] log-probs of tokens start+1.. at the sampling temperature (with gradient).
+    logits: [b, T-1-start, V] the model's own (untempered) logits.
+    entropy: [b, T-1-start] entropy at the sampling temperature, no gradient; None unless asked for.
+    """
+
+    logp: torch.Tensor
+    logits: torch.Tensor
+    entropy: Optional[torch.Tensor]
 
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -100,12 +113,17 @@ class PrefixSharedForward:
         return cache if plain else None
 
     def sequence_logprobs(
-        self, model: torch.nn.Module, batch: ExperienceBatch, start: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs [b, T-1-start] of tokens start+1.. at the batch's sampling temperature, the model's own
-        logits [b, T-1-start, V]); the first ``start`` predictions are not computed (``window_logits``)."""
+        self, model: torch.nn.Module, batch: ExperienceBatch, start: int = 0, with_entropy: bool = False
+    ) -> WindowScores:
+        """Log-probs of tokens start+1.. at the batch's sampling temperature, the model's own logits and, with
+        ``with_entropy``, the entropy at that temperature (from the same pass over the logits); the first
+        ``start`` predictions are not computed (``window_logits``)."""
         logits = self.window_logits(model, batch.input_ids, batch.attention_mask, start)
-        return algos.selective_log_softmax(tempered(logits, batch.temperature), batch.input_ids[:, 1 + start :]), logits
+        targets = batch.input_ids[:, 1 + start :]
+        if with_entropy:
+            logp, entropy = algos.selective_log_softmax_and_entropy(tempered(logits, batch.temperature), targets)
+            return WindowScores(logp, logits, entropy)
+        return WindowScores(algos.selective_log_softmax(tempered(logits, batch.temperature), targets), logits, None)
 
     @torch.no_grad()
     def fill_logprobs(
@@ -132,7 +150,7 @@ class PrefixSharedForward:
                 continue
             start = window_start(micro)  # unscored columns keep what they hold
             if recompute_old:
-                logp, _ = self.sequence_logprobs(policy, micro, start)
+                logp = self.sequence_logprobs(policy, micro, start).logp
                 # Replayed rows keep the log-probs of the policy that sampled them: their ratio is the point.
                 sampled = torch.tensor([b == "sampled" for b in micro.behaviour_of_rows()]).unsqueeze(1)
                 kept = experience.old_logprobs[rows, 1 + start : cols]
@@ -140,7 +158,7 @@ class PrefixSharedForward:
             if need_ref:
                 context = policy.disable_adapter() if reference is None else contextlib.nullcontext()
                 with context:
-                    logp, _ = self.sequence_logprobs(reference if reference is not None else policy, micro, start)
+                    logp = self.sequence_logprobs(reference if reference is not None else policy, micro, start).logp
                 ref[rows, 1 + start : cols] = logp.float().cpu()
         if ref is not None:
             experience.ref_logprobs = ref[:, :width]

@@ -117,17 +117,16 @@ def loss_terms(
 def loss_diagnostics(
     micro: ExperienceBatch,
     logp: torch.Tensor,
-    logits: torch.Tensor,
+    entropy: Optional[torch.Tensor],
     start: int,
     terms: LossTerms,
-    log_entropy: bool,
     teacher_context_rows: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Sums over ``micro``'s loss tokens that ``update_statistics`` turns into figures: the policy ratio on
     the tokens that have one (``ratio_*``, ``clip_count``), log π_θ - log π_behaviour per origin
     (``logratio_*``), the KL to the reference and to the teacher (with the rows the teacher scored under a
-    context of its own, ``teacher_context_rows``) and, with ``log_entropy``, the policy's entropy at the
-    sampling temperature on every RL and SFT token (``entropy_*``) and on the RL tokens alone
+    context of its own, ``teacher_context_rows``) and, given ``entropy`` [b, T-1-start] (the policy's at the
+    sampling temperature), its sums on every RL and SFT token (``entropy_*``) and on the RL tokens alone
     (``entropy_rl_*``: the policy's entropy on its own rollouts, without the SFT rows)."""
     mask = micro.loss_mask[:, 1 + start :]
     zero = logp.sum() * 0.0
@@ -156,8 +155,7 @@ def loss_diagnostics(
         out["teacher_context_rows"] = zero + teacher_context_rows
         out["teacher_rows"] = zero + len(micro)
         out["kl_teacher_sum"] = (terms.kl_teacher * mask).sum()
-    if log_entropy:
-        entropy = algos.entropy_from_logits(tempered(logits, micro.temperature))
+    if entropy is not None:
         scored = torch.maximum(mask, micro.sft_mask[:, 1 + start :])
         out["entropy_sum"] = (entropy * scored).sum()
         out["entropy_count"] = scored.sum()

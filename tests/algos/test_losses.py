@@ -12,6 +12,7 @@ from r3lightning.algos import (
     pivotal_mask,
     policy_loss,
     selective_log_softmax,
+    selective_log_softmax_and_entropy,
     sft_nll,
     shaped_off_policy_loss,
 )
@@ -42,6 +43,48 @@ def test_log_probs_and_entropy_in_row_chunks_equal_row_by_row_to_the_bit(rows_pe
     assert torch.equal(alone.grad, chunked.grad)
     assert torch.equal(torch.cat([entropy_from_logits(row[None], max_logits=7 * 50) for row in logits]),
                        entropy_from_logits(logits, max_logits=budget))
+
+
+def test_selective_log_softmax_gradient_is_onehot_minus_softmax():
+    logits = torch.tensor([[[1.0, 2.0, 3.0]]], requires_grad=True)
+    selective_log_softmax(logits, torch.tensor([[2]])).sum().mul(2.0).backward()
+    z = math.exp(1) + math.exp(2) + math.exp(3)
+    expected = [-2 * math.exp(1) / z, -2 * math.exp(2) / z, 2 - 2 * math.exp(3) / z]
+    assert logits.grad[0, 0].tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def _autograd_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The formula left to autograd: what ``selective_log_softmax`` computed before its own backward."""
+    x = logits.float()
+    return x.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("positions_per_chunk", [1, 3, 70])
+def test_chunked_log_probs_equal_autograd_formula_to_the_bit(dtype, positions_per_chunk):
+    """Its hand-written backward runs the float operations autograd runs for gather - logsumexp, chunk by
+    chunk: log-probs, gradients (in the logits' dtype) and entropies are the same bits."""
+    torch.manual_seed(0)
+    logits = (torch.randn(10, 7, 50) * 3).to(dtype)
+    ids = torch.randint(0, 50, (10, 7))
+    weights = torch.randn(10, 7)
+    reference, chunked = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    expected = _autograd_log_probs(reference, ids)
+    logp, entropy = selective_log_softmax_and_entropy(chunked, ids, max_logits=positions_per_chunk * 50)
+    assert torch.equal(logp, expected)
+    assert torch.equal(entropy, entropy_from_logits(logits))
+    assert not entropy.requires_grad
+    (expected * weights).sum().backward()
+    (logp * weights).sum().backward()
+    assert chunked.grad.dtype == dtype
+    assert torch.equal(chunked.grad, reference.grad)
+
+
+def test_log_probs_of_no_positions():
+    logits = torch.zeros(0, 4, 9, requires_grad=True)
+    ids = torch.zeros(0, 4, dtype=torch.long)
+    logp, entropy = selective_log_softmax_and_entropy(logits, ids)
+    assert logp.shape == entropy.shape == entropy_from_logits(logits).shape == (0, 4)
 
 
 def test_entropy_uniform_and_peaked():

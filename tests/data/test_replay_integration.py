@@ -102,7 +102,7 @@ def test_replayed_rows_keep_their_stored_behaviour_and_get_the_ratio_against_it(
     totals = {"rl_tokens": float(mask.sum()), "rl_seqs": 2.0, "sft_tokens": 0.0, "sft_seqs": 0.0}
     out = module.micro_batch_loss(experience, totals)
     with torch.no_grad():
-        logp, _ = module.prefix_forward.sequence_logprobs(world_policy, experience)
+        logp = module.prefix_forward.sequence_logprobs(world_policy, experience).logp
         ratio = torch.exp(logp - experience.old_logprobs[:, 1:])
     torch.testing.assert_close(out["ratio_sum"], (ratio * mask).sum())
     assert torch.all(experience.old_logprobs[1, 1:][mask[1].bool()] == -4.0)  # the stored ones, not the current policy's

@@ -34,8 +34,8 @@ def test_window_logits_equal_the_full_forward(trained):
     with torch.no_grad():
         full = _full_logits(module, experience)
         window = module.prefix_forward.window_logits(module.policy, experience.input_ids, experience.attention_mask, start)
-        logp, _ = module.prefix_forward.sequence_logprobs(module.policy, experience, start)
-        full_logp, _ = module.prefix_forward.sequence_logprobs(module.policy, experience)
+        logp = module.prefix_forward.sequence_logprobs(module.policy, experience, start).logp
+        full_logp = module.prefix_forward.sequence_logprobs(module.policy, experience).logp
         unshared = module.prefix_forward.window_logits(module.policy, experience.input_ids[:1], experience.attention_mask[:1], start)
     assert window.shape == (len(experience), experience.input_ids.shape[1] - 1 - start, full.shape[-1])
     torch.testing.assert_close(window, full[:, start:], atol=1e-5, rtol=0)

@@ -173,7 +173,7 @@ def test_off_policy_rows_get_the_shaping_loss_and_no_ratio(trained):
     out["loss"].backward()
     assert all(torch.isfinite(p.grad).all() for p in module.policy.parameters() if p.grad is not None)
     with torch.no_grad():
-        logp, _ = module.prefix_forward.sequence_logprobs(module.policy, experience)
+        logp = module.prefix_forward.sequence_logprobs(module.policy, experience).logp
         ratio = torch.exp(logp[0] - experience.old_logprobs[0, 1:])
         adv = experience.advantages[:, 1:]
         clipped = -torch.minimum(ratio * adv[0], ratio.clamp(0.8, 1.2) * adv[0])

@@ -16,9 +16,9 @@ and ``--beta`` adds a KL penalty to a frozen copy of the starting model (k3, TRL
 forward pass is part of ``train``), in every variant alike. ``--precision bf16-mixed`` trains under
 bfloat16 autocast (Lightning's ``bf16-mixed``; TRL's ``bf16=True``). ``--corunner`` runs, for the whole
 benchmark, a one-thread float32 training loop beside it (``benchmarks.real_model``'s co-runner, started
-70 s before the first worker so the load average sees it); r3lightning's workers then take the OpenMP wait
-policy ``r3l`` would choose (``choose_wait_policy``), TRL's keep libgomp's default, and each worker's
-policy and load average are recorded.
+10 s before the first worker). r3lightning's workers take the OpenMP wait policy ``r3l`` would choose
+(``choose_wait_policy``, from the threads running when the worker starts), TRL's keep libgomp's
+default, and each worker's policy, running count and load average are recorded.
 
 Each variant runs in its own process (``--worker``, this file run with the measured checkout on
 ``PYTHONPATH``): ``hf`` and ``vllm`` train an
@@ -399,7 +399,7 @@ def ensure_trl_venv() -> tuple[str | None, str]:
         return None, f"TRL could not be installed in {TRL_VENV}: {err!r}"
 
 
-def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "", corunner: bool = False) -> dict:
+def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engine_options: str = "") -> dict:
     command = [python, str(Path(__file__).resolve()), "--worker", variant, "--model-dir", model_dir,
                "--repo", repo, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
                "--new-tokens", str(args.new_tokens), "--beta", str(args.beta), "--precision", args.precision]
@@ -408,19 +408,20 @@ def run_worker(python: str, variant: str, args, model_dir: str, repo: str, engin
     # The measured checkout's r3lightning first; this checkout's benchmarks package after it.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((repo, str(ROOT))), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONWARNINGS": "ignore"}
-    if corunner and variant != "trl":
-        # What `r3l` decides before torch loads (OpenMP's wait policy on a busy machine); TRL keeps libgomp's default.
-        # Only beside the co-runner: quiet, the load average still counts the previous worker.
-        from r3lightning.cli.console import choose_wait_policy
+    from r3lightning.cli.console import choose_wait_policy, running_elsewhere
 
-        choose_wait_policy(env)
+    running = running_elsewhere()
+    if variant != "trl":
+        # What `r3l` decides before torch loads (OpenMP's wait policy on a busy machine); TRL keeps libgomp's default.
+        choose_wait_policy(env, running=running)
     policy, load = env.get("OMP_WAIT_POLICY", "default"), os.getloadavg()[0]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         tail = (proc.stderr or proc.stdout)[-3000:]
         return {"error": f"{variant} worker failed (rc {proc.returncode}): {tail}"}
-    return {**json.loads(line[len("RESULT "):]), "omp_wait_policy": policy, "load_average_at_start": load}
+    return {**json.loads(line[len("RESULT "):]), "omp_wait_policy": policy, "running_elsewhere_at_start": running,
+            "load_average_at_start": load}
 
 
 def measured_parts(steps: list[dict]) -> tuple[str, ...]:
@@ -506,11 +507,11 @@ def main() -> None:
             from benchmarks.real_model import COUNTER_SCRIPT
 
             corunner = subprocess.Popen([sys.executable, "-c", COUNTER_SCRIPT], stdout=subprocess.PIPE, text=True)
-            time.sleep(70)  # the one-minute load average sees it, as it would a job already running
+            time.sleep(10)  # running its loop, as a job already there would be
         for repeat in range(args.repeats):
             for variant in variants:
                 worker = variant.removesuffix("_before").removesuffix("_alt")
-                result = run_worker(pythons[variant], worker, args, model_dir, repos[variant], options[variant], args.corunner)
+                result = run_worker(pythons[variant], worker, args, model_dir, repos[variant], options[variant])
                 if "error" in result:
                     errors.append(f"repeat {repeat}: {result['error']}")
                     print(errors[-1], flush=True)

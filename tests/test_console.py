@@ -99,19 +99,43 @@ def test_trainer_flags_that_do_nothing_here_are_refused_with_the_key_to_use(flag
 
 def test_openmp_threads_sleep_when_idle_on_a_busy_machine_unless_the_user_chose_a_wait_policy():
     quiet, busy, chosen = {}, {}, {"OMP_WAIT_POLICY": "active"}
+    # Quiet now, whatever the load average still remembers of a job that just ended.
+    assert console.choose_wait_policy(quiet, running=0.0, load=1.9) is None and quiet == {}
+    assert "busy (1 other threads running)" in console.choose_wait_policy(busy, running=1.0, load=0.0)
+    assert busy == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert console.choose_wait_policy(chosen, running=3.0) is None and chosen == {"OMP_WAIT_POLICY": "active"}
+
+
+def test_without_a_running_count_the_load_average_decides(monkeypatch):
+    monkeypatch.setattr(console, "running_elsewhere", lambda: None)
+    quiet, busy = {}, {}
     assert console.choose_wait_policy(quiet, load=0.2) is None and quiet == {}
     assert "busy (load average 1.3)" in console.choose_wait_policy(busy, load=1.3)
     assert busy == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert console.choose_wait_policy(chosen, load=3.0) is None and chosen == {"OMP_WAIT_POLICY": "active"}
+
+
+def test_running_elsewhere_is_the_median_count_less_the_reader(tmp_path, monkeypatch):
+    counts = iter([3, 1, 2, 9, 2])
+    stat = tmp_path / "stat"
+
+    def next_count(_seconds):
+        stat.write_text(f"cpu  1 2 3\nprocs_running {next(counts)}\nprocs_blocked 0\n")
+
+    next_count(0)
+    monkeypatch.setattr(console.time, "sleep", next_count)
+    assert console.running_elsewhere(samples=5, stat_path=str(stat)) == 1.0  # median of 2, 0, 1, 8, 1
+    assert console.running_elsewhere(stat_path=str(tmp_path / "missing")) is None
+    (tmp_path / "other").write_text("cpu  1 2 3\n")
+    assert console.running_elsewhere(stat_path=str(tmp_path / "other")) is None
 
 
 def test_a_command_that_runs_decides_the_wait_policy_before_lightning_loads(tmp_path):
     """``main`` decides before it hands the command to Lightning's CLI (whose import loads torch and its
-    OpenMP runtime, which reads the policy once): busy here, as the load is made to read."""
+    OpenMP runtime, which reads the policy once): busy here, as the running count is made to read."""
     code = (
         "import os, sys\n"
         "from r3lightning.cli import console\n"
-        "console.os.getloadavg = lambda: (2.0, 2.0, 2.0)\n"
+        "console.running_elsewhere = lambda: 2.0\n"
         "seen = {}\n"
         "import r3lightning.cli.main as cli_main\n"
         "cli_main.main = lambda args=None: seen.update(policy=os.environ.get('OMP_WAIT_POLICY'))\n"
@@ -121,4 +145,4 @@ def test_a_command_that_runs_decides_the_wait_policy_before_lightning_loads(tmp_
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "R3L_CACHE_DIR": str(tmp_path)}, timeout=300)
     assert out.stdout.split()[-1] == "PASSIVE", out.stderr[-2000:]
-    assert "the machine is busy (load average 2.0)" in out.stderr
+    assert "the machine is busy (2 other threads running)" in out.stderr

@@ -14,7 +14,9 @@ import hashlib
 import io
 import os
 import shutil
+import statistics
 import sys
+import time
 from importlib import metadata, util
 from pathlib import Path
 from typing import Optional
@@ -124,14 +126,43 @@ def cached_help(args: list[str], from_command_line: bool) -> Optional[str]:
 
 BUSY_LOAD = 0.5
 """The one-minute load average (runnable processes, before this one starts) from which the machine counts
+as busy where the number running now cannot be read (no ``/proc/stat``)."""
+
+BUSY_RUNNING = 1.0
+"""Threads of other jobs running or ready to run now (``running_elsewhere``) from which the machine counts
 as busy: another job holds a core, so this run's threads would outnumber the free ones."""
 
 
-def choose_wait_policy(environ=os.environ, load: Optional[float] = None) -> Optional[str]:
+def running_elsewhere(samples: int = 11, interval_s: float = 0.01, stat_path: str = "/proc/stat") -> Optional[float]:
+    """Threads running or ready to run on the machine now, not counting this process's reading thread: the
+    median of ``samples`` reads of the kernel's ``procs_running``, ``interval_s`` apart (a short-lived
+    command does not count). None where the count cannot be read.
+
+    The one-minute load average is a decaying mean: for about a minute after another job ends it still
+    counts that job, and a run started then would be judged to share the machine with it."""
+    counts = []
+    for index in range(samples):
+        try:
+            with open(stat_path) as stat:
+                line = next((ln for ln in stat if ln.startswith("procs_running ")), None)
+        except OSError:
+            return None
+        if line is None:
+            return None
+        counts.append(int(line.split()[1]) - 1)
+        if index + 1 < samples:
+            time.sleep(interval_s)
+    return float(statistics.median(counts))
+
+
+def choose_wait_policy(
+    environ=os.environ, running: Optional[float] = None, load: Optional[float] = None
+) -> Optional[str]:
     """On a busy machine, make OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``) unless the
     user chose a policy; return the note to print, or None. Read once, when torch loads its OpenMP
-    runtime, so it is decided before Lightning is imported. ``load``: the one-minute load average
-    (``os.getloadavg``).
+    runtime, so it is decided before Lightning is imported. Busy: ``running`` (``running_elsewhere``,
+    read when None) is ``BUSY_RUNNING`` or more; where that cannot be read, ``load`` (the one-minute load
+    average, ``os.getloadavg``) is ``BUSY_LOAD`` or more.
 
     Every torch CPU operation splits its work over the threads and waits at a barrier for the last one.
     By default a thread that finished spins there. When another process holds a core (a second training
@@ -142,11 +173,18 @@ def choose_wait_policy(environ=os.environ, load: Optional[float] = None) -> Opti
     measurements)."""
     if "OMP_WAIT_POLICY" in environ:
         return None
-    load = os.getloadavg()[0] if load is None else load
-    if load < BUSY_LOAD:
-        return None
+    running = running_elsewhere() if running is None else running
+    if running is not None:
+        if running < BUSY_RUNNING:
+            return None
+        seen = f"{running:g} other threads running"
+    else:
+        load = os.getloadavg()[0] if load is None else load
+        if load < BUSY_LOAD:
+            return None
+        seen = f"load average {load:.1f}"
     environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return (f"r3l: the machine is busy (load average {load:.1f}): OpenMP threads sleep when idle "
+    return (f"r3l: the machine is busy ({seen}): OpenMP threads sleep when idle "
             "(OMP_WAIT_POLICY=PASSIVE); set OMP_WAIT_POLICY to choose")
 
 

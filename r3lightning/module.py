@@ -85,7 +85,8 @@ class R3LightningModule(L.LightningModule):
         phases: the run's phases in order: the SFT warm-start on demonstrations, then RL, then (off by
             default) ReflectRL's distillation.
         engine: rollout engine.
-        log_entropy: compute the policy entropy on loss tokens every step (costs one softmax pass).
+        log_entropy: compute the policy entropy on loss tokens every step (in the same pass over the logits
+            as the log-probs: a log-softmax per position more).
         max_bad_steps: stop after this many consecutive steps with non-finite loss or gradients.
         log_grad_variance: log the variance of the policy loss's gradient across the step's micro-batches
             (``train/policy_grad_var``, ``train/policy_grad_var_rel``, ``train/policy_grad_chunks``:

@@ -2,9 +2,9 @@
 benchmark's policy and batch (``benchmarks/grpo_step.py``: 3.0M-parameter Qwen2, 64 rows, 22 prompt +
 32 new tokens by default, vocabulary 860), float32 on the CPU:
 
-- ``log_softmax``: ``algos.selective_log_softmax`` one row at a time (its code until 2026-12-04, to
-  bound peak memory) against its default, rows in chunks of up to 16M logits (here the whole batch at
-  once), forward and backward of the logits [64, 33, 860];
+- ``log_softmax``: ``algos.selective_log_softmax`` one row's positions at a time (its chunking until
+  2026-12-04, to bound peak memory) against its default chunk (``algos.logprobs.default_chunk``),
+  forward and backward of the logits [64, 33, 860] (SmolLM2's vocabulary: ``benchmarks/logprob_pass.py``);
 - ``entropy``: ``algos.entropy_from_logits`` the same two ways, no gradient;
 - ``adamw``: one optimizer step over the policy's 50 parameter tensors, torch's single-tensor AdamW
   (r3lightning's) against ``foreach=True`` and ``fused=True``, and whether each leaves the very same

@@ -57,9 +57,9 @@ class _TokenLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, _grad_entropy):
-        logits, token_ids, lse = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
+        logits, token_ids, lse = ctx.saved_tensors
         vocab, positions = logits.shape[-1], ctx.positions
         flat, ids = logits.reshape(-1, vocab), token_ids.reshape(-1, 1)
         g = grad_logp.reshape(-1, 1)

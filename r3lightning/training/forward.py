@@ -119,11 +119,12 @@ class PrefixSharedForward:
         ``with_entropy``, the entropy at that temperature (from the same pass over the logits); the first
         ``start`` predictions are not computed (``window_logits``)."""
         logits = self.window_logits(model, batch.input_ids, batch.attention_mask, start)
-        targets = batch.input_ids[:, 1 + start :]
+        sampling, targets = tempered(logits, batch.temperature), batch.input_ids[:, 1 + start :]
         if with_entropy:
-            logp, entropy = algos.selective_log_softmax_and_entropy(tempered(logits, batch.temperature), targets)
-            return WindowScores(logp, logits, entropy)
-        return WindowScores(algos.selective_log_softmax(tempered(logits, batch.temperature), targets), logits, None)
+            logp, entropy = algos.selective_log_softmax_and_entropy(sampling, targets)
+        else:
+            logp, entropy = algos.selective_log_softmax(sampling, targets), None
+        return WindowScores(logp, logits, entropy)
 
     @torch.no_grad()
     def fill_logprobs(

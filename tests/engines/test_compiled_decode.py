@@ -87,7 +87,8 @@ def test_compiled_steps_follow_parameter_updates(world_tokenizer):
 
 
 def test_new_sizes_share_one_dynamic_graph(world_tokenizer):
-    """A second batch size compiles a graph with the sizes symbolic; later sizes and widths reuse it."""
+    """A call of another batch size and width compiles a graph with both sizes symbolic (dynamo's
+    automatic dynamic shapes make the sizes that changed symbolic); later sizes and widths reuse it."""
     torch._dynamo.reset()  # graphs earlier tests compiled for the same code would be reused
     model = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
@@ -95,7 +96,7 @@ def test_new_sizes_share_one_dynamic_graph(world_tokenizer):
     eager = HFEngine(model, world_tokenizer, prefix_cache=False)
     prompts = chat_prompts(world_tokenizer)
     long_prompts = [p + p for p in prompts[:4]]  # a wider buffer
-    for batch in (prompts, prompts[:3], prompts[:5], long_prompts):
+    for batch in (prompts, long_prompts, prompts[:3], prompts[:5]):
         _assert_same(compiled.generate(batch, params), eager.generate(batch, params), atol=1e-6)
     step = compiled._compiled_step
     assert len(step.shapes) == 4 and step.graphs == 2 and len(step.compile_s) == 2

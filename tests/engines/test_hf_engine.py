@@ -76,6 +76,25 @@ def test_a_batch_of_groups_draws_its_first_tokens_from_the_shared_prefill(world_
         torch.testing.assert_close(recomputed, torch.tensor(gen.logprobs), atol=1e-4, rtol=0)
 
 
+def test_a_batch_mixing_shared_and_unshared_prompts_prefills_each_distinct_prompt_once_unpadded(world_tokenizer, world_policy, monkeypatch):
+    """One prompt repeated, two not: the three distinct prompts are encoded whole in one prefill (its
+    rows padded only to the longest of them), every row's first token comes from those logits, and no
+    later prefill pads the repeated prompt's rows to the unshared ones; greedy tokens are each
+    prompt's alone."""
+    prefills = []
+    prefill = FusedDecoder.prefill
+    monkeypatch.setattr(FusedDecoder, "prefill", lambda self, ids, *args: prefills.append(tuple(ids.shape)) or prefill(self, ids, *args))
+    engine = HFEngine(world_policy, world_tokenizer, prefix_cache=False)
+    engine.stop_token_ids = {-1}
+    first, second, third = _prompts(world_tokenizer)
+    prompts = [first, second, first, third, first]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=5)
+    batched = engine.generate(prompts, greedy)
+    assert prefills == [(3, max(len(first), len(second), len(third)))]
+    single = {tuple(p): engine.generate([p], greedy)[0].token_ids for p in (first, second, third)}
+    assert [g.token_ids for g in batched] == [single[tuple(p)] for p in prompts]
+
+
 def test_budget_and_finish_reason(world_tokenizer, world_policy):
     engine = HFEngine(world_policy, world_tokenizer)
     gens = engine.generate(_prompts(world_tokenizer), SamplingParams(temperature=1.0, max_new_tokens=3))

@@ -40,6 +40,7 @@ from r3lightning.data.failure_ranking import RankingActivity, rank_failed_rows
 from r3lightning.data.step_rollout import StepRollout
 from r3lightning.training.forward import PrefixSharedForward, window_start
 from r3lightning.training.loss import loss_diagnostics, loss_terms, teacher_kl, update_statistics
+from r3lightning.training.attention import use_training_attention
 from r3lightning.training.models import ModelConfig, apply_chat_template_setting, apply_lora, build_tiny_model, build_tokenizer, load_pretrained
 from r3lightning.training.optim import OptimConfig, scheduled_learning_rate, sum_gradients_over_ranks
 from r3lightning.training.phases import Phase, PhaseSchedule
@@ -173,6 +174,7 @@ class R3LightningModule(L.LightningModule):
         self.datamodule.connect(self.engine, self.tokenizer, self.algorithm, self.phases.demonstrations(), self.phases.distill_start)
 
     def _install(self, policy: torch.nn.Module, tokenizer) -> None:
+        use_training_attention(policy)
         if self.model_config.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
         if self.algorithm.kl_coef > 0 and self.model_config.lora_rank <= 0:

@@ -44,6 +44,9 @@ width 128 (the tiny recipes' policies) they were 0.83-1.13x ``F.linear``'s speed
 1.5-2.6x."""
 PACK_ROWS_HINT = 64
 """The row count oneDNN's weight reorder is told to expect (any count works; it picks the blocking)."""
+SDPA_OR_EAGER = ("sdpa", "eager", "r3l_sdpa")
+"""Attention implementations whose decoding the fused step computes: transformers' sdpa and eager, and the
+trainer's ``r3l_sdpa`` (``training/attention.py``: sdpa outside a CPU autocast, where engines decode)."""
 # Rotary types whose inverse frequencies do not change with the sequence length (``dynamic`` and
 # ``longrope`` rescale them inside the forward).
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -108,7 +111,7 @@ def fused_decode_unsupported(model: nn.Module) -> Optional[str]:
         return f"model type {config.model_type!r} (fused decoding covers {', '.join(FAMILY)})"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return "sliding-window layers"
-    if config._attn_implementation not in ("sdpa", "eager"):
+    if config._attn_implementation not in SDPA_OR_EAGER:
         return f"attention implementation {config._attn_implementation!r}"
     decoder = getattr(model, "model", None)
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) or not hasattr(model, "lm_head"):

@@ -328,6 +328,7 @@ def test_a_bfloat16_projection_rounds_as_an_autocast_linear(pack, bias):
     torch.testing.assert_close(projection(x), expected.float(), **tolerance)
     torch.testing.assert_close(projection.add_to(residual, x), residual + expected.float(), **tolerance)
     assert projection.dtype == torch.bfloat16 and weight.dtype == torch.float32  # a copy, not the weight
+    assert Projection(weight, b).dtype == torch.float32  # built directly: the weight's dtype
 
 
 def _autocast_scores(model, prompts, generations) -> list[torch.Tensor]:

@@ -442,8 +442,8 @@ class HFEngine:
         one decoding step over the whole batch, and no row is padded to another's prompt (were only the
         shared ones encoded first, their one-token suffixes would be padded to the longest unshared
         prompt in the batch's prefill: 32 chat prompts, 21 distinct, ran 1,881 prefill positions,
-        against 924 encoding the distinct ones whole). On the CPU the fused prefill encodes them when the fused step covers
-        the model, as in ``_decode``.
+        against 924 encoding the distinct ones whole). On the CPU the fused prefill encodes them when
+        the fused step covers the model, as in ``_decode``.
         """
         rows_of: dict[tuple[int, ...], list[int]] = {}
         for row, prompt in enumerate(prompts):

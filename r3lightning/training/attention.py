@@ -39,7 +39,9 @@ def training_sdpa(
     Under a CPU autocast: float32 inputs and output, autocast off inside, grouped-query heads shared
     by the kernel. Otherwise, and for a paged cache or a position bias: ``sdpa_attention_forward``."""
     if not _autocast_on_cpu(query) or kwargs.get("cache") is not None or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = query.shape[2] > 1 and attention_mask is None and causal
     if causal and key.shape[2] > query.shape[2]:  # an empty static cache's prefill: SDPA's causal mask is top-left aligned

@@ -235,6 +235,11 @@ def test_other_attention_kernels_keep_their_own_decoding(world_tokenizer):
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
+def _wide_model(tokenizer):
+    """A model wide enough for packed oneDNN linears (``PACKED_MIN_HIDDEN``)."""
+    return build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), tokenizer, seed=0)
+
+
 @needs_onednn
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 64, 130])
@@ -259,7 +264,7 @@ def test_wide_float32_cpu_models_decode_with_packed_projections_and_equal_the_fo
     """From PACKED_MIN_HIDDEN hidden units up (real models), the CPU float32 step runs oneDNN linears over
     packed weights: greedy tokens identical to the forward's, log-probs within 1e-5, through prefill,
     shared prompts, prefix-cache hits and a weight update. Narrower models keep F.linear."""
-    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    wide = _wide_model(world_tokenizer)
     narrow = build_tiny_model(TinyModelSpec(), world_tokenizer, seed=0)
     assert packs_linears(wide) and not packs_linears(narrow) and not packs_linears(copy.deepcopy(wide).double())
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
@@ -284,7 +289,7 @@ def test_generation_under_bfloat16_autocast_with_parameters_matmuls_decodes_in_t
     """``engine.hf_matmul_dtype: parameters``: the engine decodes in its parameters' dtype inside the
     trainer's autocast as anywhere (packed oneDNN linears fed float32 inputs): the very tokens and
     log-probs it gives outside autocast. The forward does so whatever the matmul dtype."""
-    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    wide = _wide_model(world_tokenizer)
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     prompts = chat_prompts(world_tokenizer)
     torch.manual_seed(3)
@@ -347,7 +352,7 @@ def test_under_bfloat16_autocast_fused_decoding_multiplies_in_bfloat16_near_the_
     """``hf_matmul_dtype: auto`` inside the trainer's bfloat16 autocast: the fused step's matmuls run in
     bfloat16 (logged), and its behaviour log-probs lie nearer the trainer's autocast log-probs of the
     same tokens than float32 decoding's do; outside autocast nothing changes."""
-    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    wide = _wide_model(world_tokenizer)
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     prompts = chat_prompts(world_tokenizer)
     gaps = {}
@@ -367,7 +372,7 @@ def test_under_bfloat16_autocast_fused_decoding_multiplies_in_bfloat16_near_the_
 
 @needs_onednn
 def test_a_prefix_cached_under_bfloat16_matmuls_is_not_reused_by_a_float32_call(world_tokenizer):
-    wide = build_tiny_model(TinyModelSpec(hidden_size=PACKED_MIN_HIDDEN, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512), world_tokenizer, seed=0)
+    wide = _wide_model(world_tokenizer)
     params = SamplingParams(temperature=0.0, max_new_tokens=4)
     prompts = chat_prompts(world_tokenizer, shared=False)
     engine = HFEngine(wide, world_tokenizer, decode="fused")

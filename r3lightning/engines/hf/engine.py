@@ -449,12 +449,13 @@ class HFEngine:
         for row, prompt in enumerate(prompts):
             rows_of.setdefault(tuple(prompt), []).append(row)
         whole = whole and any(len(rows) > 1 for rows in rows_of.values()) and all(prompts)
-        shared = [rows for rows in rows_of.values() if whole or (len(rows) > 1 and cached[rows[0]][0] < len(prompts[rows[0]]) - 1)]
-        if not shared:
+        # The row groups encoded here: every distinct prompt when whole, else the repeated ones with uncached tokens.
+        encoded = [rows for rows in rows_of.values() if whole or (len(rows) > 1 and cached[rows[0]][0] < len(prompts[rows[0]]) - 1)]
+        if not encoded:
             return cached, None
-        heads = [prompts[rows[0]] if whole else prompts[rows[0]][:-1] for rows in shared]
+        heads = [prompts[rows[0]] if whole else prompts[rows[0]][:-1] for rows in encoded]
         input_ids, attention_mask, past = batch_inputs(
-            heads, [cached[rows[0]] for rows in shared], self.tokenizer.pad_token_id, device, full_attention_only=self._full_attention_only()
+            heads, [cached[rows[0]] for rows in encoded], self.tokenizer.pad_token_id, device, full_attention_only=self._full_attention_only()
         )
         start = past.get_seq_length() if past is not None else 0
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)[:, start:]
@@ -476,7 +477,7 @@ class HFEngine:
             return cached, None  # sliding-window or linear-attention layers: no re-padding per row
         cached = list(cached)
         group_of_row = [0] * len(prompts)
-        for index, rows in enumerate(shared):
+        for index, rows in enumerate(encoded):
             columns = attention_mask[index].nonzero().squeeze(1)
             kv = [(layer.keys[index][:, columns], layer.values[index][:, columns]) for layer in layers]
             for row in rows:

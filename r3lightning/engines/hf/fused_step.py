@@ -175,20 +175,24 @@ class Projection:
             return cls(weight, bias, dtype=dtype)
         return cls(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT), bias, True, dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x Wᵀ + b: [..., in] -> [..., out], in ``x``'s dtype."""
-        if x.dtype != self.dtype:
-            return self(x.to(self.dtype)).to(x.dtype)
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        """x Wᵀ + b for ``x`` in the matmul's dtype, in that dtype."""
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x Wᵀ + b: [..., in] -> [..., out], in ``x``'s dtype."""
+        if x.dtype != self.dtype:
+            return self._product(x.to(self.dtype)).to(x.dtype)
+        return self._product(x)
+
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + x Wᵀ + b, [B, out]: one kernel (oneDNN's add post-op, or an addmm when plain and
         without bias) when ``residual`` is in the matmul's dtype; else the product in its own dtype,
-        added in the residual's."""
+        added in the residual's (type promotion widens it exactly: no separate cast)."""
         if residual.dtype != self.dtype:
-            return residual + self(x)
+            return residual + self._product(x.to(self.dtype))
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
         if self.bias is None:
